@@ -1,0 +1,176 @@
+"""Deterministic projection of a thread's log into the model's prompt.
+
+``project(events, tools, version)`` maps the log onto the Messages API shape: roles
+alternate, every ``tool_use`` is answered by its ``tool_result`` in the next user turn,
+and what people said while a call was open follows that result. The same log and
+version give byte-identical prompts; ``Prompt.hash`` is what ``model_decision`` keeps.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine import events as ev
+
+PROJECTION_VERSION = "v1"
+MAX_RESULT_CHARS = 4000
+
+SYSTEM_PROMPT = (
+    "You are opsloop, an operations assistant working inside a chat thread. "
+    "Take one step at a time: call one tool, ask one clarifying question with "
+    "request_clarification, or reply with your final answer in plain text. Some tools "
+    "need a human reviewer's approval before they run; if a call is rejected, read the "
+    "reason and adapt. Never invent tool results."
+)
+
+CLARIFICATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"question": {"type": "string", "description": "One short question."}},
+    "required": ["question"],
+}
+
+
+class ToolSpec(Protocol):
+    name: str
+    description: str
+    policy: str
+
+    def input_schema(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    system: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    version: str = PROJECTION_VERSION
+    hash: str = field(default="")
+
+    def body(self) -> dict[str, Any]:
+        return {"system": self.system, "tools": self.tools, "messages": self.messages}
+
+
+def tool_definitions(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+    defs = [
+        {"name": t.name, "description": t.description, "input_schema": t.input_schema()}
+        for t in sorted(tools, key=lambda t: t.name)
+    ]
+    defs.append(
+        {
+            "name": ev.CLARIFICATION_TOOL,
+            "description": "Ask the person who asked a clarifying question and wait for "
+            "their reply in the thread.",
+            "input_schema": CLARIFICATION_SCHEMA,
+        }
+    )
+    return defs
+
+
+class _Conversation:
+    """Builds alternating turns; parks people's words while a tool_use is unanswered."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.open_call: str | None = None
+        self.parked: list[dict[str, Any]] = []
+
+    def add(self, role: str, blocks: list[dict[str, Any]]) -> None:
+        if self.messages and self.messages[-1]["role"] == role:
+            self.messages[-1]["content"].extend(blocks)
+        else:
+            self.messages.append({"role": role, "content": list(blocks)})
+
+    def say(self, text: str) -> None:
+        block = {"type": "text", "text": text}
+        if self.open_call is not None:
+            self.parked.append(block)
+        else:
+            self.add("user", [block])
+
+    def answer(self, call_id: str | None, content: str, *, error: bool = False) -> None:
+        if call_id is None or call_id != self.open_call:
+            self.say(content)
+            return
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+        if error:
+            result["is_error"] = True
+        self.open_call = None
+        self.add("user", [result, *self.parked])
+        self.parked = []
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) > MAX_RESULT_CHARS:
+        return text[:MAX_RESULT_CHARS] + f"… [{len(text)} chars; elided]"
+    return text
+
+
+def _project_event(conv: _Conversation, e: ev.Event) -> None:
+    match e:
+        case ev.UserMessage():
+            conv.say(f"[{e.actor}] {e.text}")
+        case ev.ModelDecision():
+            blocks: list[dict[str, Any]] = []
+            if e.text or e.tool_name is None:
+                blocks.append({"type": "text", "text": e.text or "(empty reply)"})
+            if e.tool_name is not None and e.tool_call_id:
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": e.tool_call_id,
+                        "name": e.tool_name,
+                        "input": e.arguments or {},
+                    }
+                )
+                conv.open_call = e.tool_call_id
+            conv.add("assistant", blocks)
+        case ev.DecisionRejected():
+            conv.answer(e.tool_call_id, f"Rejected by validation: {e.reason}", error=True)
+        case ev.ApprovalRejected():
+            why = f": {e.reason}" if e.reason else " (no reason given)"
+            conv.answer(e.tool_call_id, f"Reviewer {e.actor} rejected this call{why}", error=True)
+        case ev.ApprovalExpired():
+            conv.answer(e.tool_call_id, "Nobody approved this call in time.", error=True)
+        case ev.ToolResult():
+            if e.ok:
+                conv.answer(e.tool_call_id, _json(e.output))
+            else:
+                conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True)
+        case ev.WaitFinished():
+            conv.answer(e.tool_call_id, _json(e.result))
+        case ev.WaitTimedOut():
+            conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
+        case ev.ClarificationAnswered():
+            conv.answer(e.tool_call_id, f"[{e.actor}] {e.text}")
+        case ev.ThreadCancelled():
+            conv.answer(conv.open_call, f"Cancelled by {e.actor}.", error=True)
+            conv.say(f"[system] {e.actor} cancelled this thread. {e.reason}".strip())
+        case ev.ErrorRaised():
+            conv.answer(conv.open_call, f"Error: {e.message}", error=True)
+            conv.say(f"[system] error: {e.message}")
+        case _:
+            pass  # approvals asked, posts, refusals, retries: not the model's business
+
+
+def project(
+    events: Sequence[ev.Event], tools: Iterable[ToolSpec], version: str = PROJECTION_VERSION
+) -> Prompt:
+    conv = _Conversation()
+    for event in events:
+        _project_event(conv, event)
+    if conv.parked:  # a call still open: show what people said anyway
+        conv.add("user", conv.parked)
+    prompt = Prompt(system=SYSTEM_PROMPT, messages=conv.messages, tools=tool_definitions(tools))
+    digest = hashlib.sha256(
+        json.dumps(
+            {"version": version, **prompt.body()}, sort_keys=True, separators=(",", ":")
+        ).encode()
+    ).hexdigest()
+    return Prompt(prompt.system, prompt.messages, prompt.tools, version, digest)

@@ -1,0 +1,292 @@
+"""The typed event schema of an agent thread.
+
+Every meaningful transition of a thread is one immutable event. An event carries the
+envelope (thread_id, seq, event_id, type, created_at, actor) and a typed payload; the
+union of all event types is discriminated on ``type``. Events are built by code as
+*drafts* (envelope not yet stamped) and stamped by the store when appended, which gives
+them their ``seq`` and ``event_id``.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from engine.errors import InvalidEvent
+
+Actor = str  # a Slack user id (U…/W…), "model", "tool" or "system"
+JsonDict = dict[str, Any]
+Policy = Literal["run_now", "approve_before_run", "wait_for_external_event"]
+
+CLARIFICATION_TOOL = "request_clarification"
+
+
+def new_event_id() -> str:
+    return f"evt_{uuid.uuid4().hex}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Envelope shared by every event. ``seq`` is 0 on a draft, >= 1 once stored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    thread_id: str = ""
+    seq: int = Field(default=0, ge=0)
+    event_id: str = Field(default_factory=new_event_id)
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    actor: Actor = "system"
+    # An input's delivery id (Slack event_id, a click's action_ts): a redelivery is a no-op.
+    dedupe_key: str | None = None
+
+
+# --- inputs from people -------------------------------------------------------------
+
+
+class UserMessage(Event):
+    type: Literal["user_message"] = "user_message"
+    text: str
+    # Where it came from (a Slack channel and message ts, say); opaque to the engine.
+    source: JsonDict = Field(default_factory=dict)
+
+
+class ClarificationAnswered(Event):
+    type: Literal["clarification_answered"] = "clarification_answered"
+    tool_call_id: str
+    text: str
+
+
+class ThreadCancelled(Event):
+    type: Literal["thread_cancelled"] = "thread_cancelled"
+    reason: str = ""
+
+
+# --- the model ----------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+
+class ModelDecision(Event):
+    """What the model proposed, verbatim, before validation and policy."""
+
+    type: Literal["model_decision"] = "model_decision"
+    text: str = ""
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    arguments: JsonDict | None = None
+    stop_reason: str | None = None
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    prompt_hash: str = ""
+    projection_version: str = ""
+
+
+class DecisionRejected(Event):
+    type: Literal["decision_rejected"] = "decision_rejected"
+    tool_call_id: str | None = None
+    reason: str
+
+
+class FinalAnswer(Event):
+    type: Literal["final_answer"] = "final_answer"
+    text: str
+
+
+class ClarificationRequested(Event):
+    type: Literal["clarification_requested"] = "clarification_requested"
+    tool_call_id: str
+    question: str
+
+
+# --- tool calls ---------------------------------------------------------------------
+
+
+class ToolCallRequested(Event):
+    type: Literal["tool_call_requested"] = "tool_call_requested"
+    tool_call_id: str
+    intent: str
+    arguments: JsonDict
+    policy: Policy
+    idempotency_key: str
+
+
+class ApprovalRequested(Event):
+    type: Literal["approval_requested"] = "approval_requested"
+    tool_call_id: str
+    arguments_hash: str
+    expires_at: AwareDatetime
+    reason: str = ""
+
+
+class ApprovalGranted(Event):
+    type: Literal["approval_granted"] = "approval_granted"
+    tool_call_id: str
+
+
+class ApprovalRejected(Event):
+    type: Literal["approval_rejected"] = "approval_rejected"
+    tool_call_id: str
+    reason: str = ""
+
+
+class ApprovalRefused(Event):
+    """An attempt to decide that was not allowed; kept for the audit, changes nothing."""
+
+    type: Literal["approval_refused"] = "approval_refused"
+    tool_call_id: str
+    decision: Literal["approve", "reject"]
+    reason: str
+
+
+class ApprovalExpired(Event):
+    type: Literal["approval_expired"] = "approval_expired"
+    tool_call_id: str
+
+
+class ToolStarted(Event):
+    """Written before the side effect: the intent to run attempt ``attempt``."""
+
+    type: Literal["tool_started"] = "tool_started"
+    tool_call_id: str
+    attempt: int = Field(ge=1)
+
+
+class ToolResult(Event):
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    attempt: int = Field(ge=1)
+    ok: bool
+    output: Any = None
+    error: str | None = None
+
+
+class RetryScheduled(Event):
+    """A transient failure; the next attempt is due at ``wake_at``.
+
+    With a ``tool_call_id`` it retries that call; without one, the model call.
+    """
+
+    type: Literal["retry_scheduled"] = "retry_scheduled"
+    tool_call_id: str | None = None
+    attempt: int = Field(ge=1)
+    wake_at: AwareDatetime
+    error: str
+
+
+class WaitStarted(Event):
+    type: Literal["wait_started"] = "wait_started"
+    tool_call_id: str
+    wait_id: str
+    description: str
+    data: JsonDict = Field(default_factory=dict)
+    wake_at: AwareDatetime
+    timeout_at: AwareDatetime
+    poll_every_s: float | None = None
+
+
+class WaitFinished(Event):
+    type: Literal["wait_finished"] = "wait_finished"
+    tool_call_id: str
+    wait_id: str
+    result: JsonDict = Field(default_factory=dict)
+
+
+class WaitTimedOut(Event):
+    type: Literal["wait_timed_out"] = "wait_timed_out"
+    tool_call_id: str
+    wait_id: str
+
+
+# --- the system ---------------------------------------------------------------------
+
+
+class ErrorRaised(Event):
+    """Something went wrong that the model cannot fix by itself; the thread fails."""
+
+    type: Literal["error"] = "error"
+    message: str
+    kind: str = "error"
+
+
+class MessagePosted(Event):
+    """A delivery receipt: the front door showed event ``shows_event_id`` to people."""
+
+    type: Literal["message_posted"] = "message_posted"
+    shows_event_id: str
+    channel: str = ""
+    ts: str = ""
+
+
+AnyEvent = Annotated[
+    UserMessage
+    | ClarificationAnswered
+    | ThreadCancelled
+    | ModelDecision
+    | DecisionRejected
+    | FinalAnswer
+    | ClarificationRequested
+    | ToolCallRequested
+    | ApprovalRequested
+    | ApprovalGranted
+    | ApprovalRejected
+    | ApprovalRefused
+    | ApprovalExpired
+    | ToolStarted
+    | ToolResult
+    | RetryScheduled
+    | WaitStarted
+    | WaitFinished
+    | WaitTimedOut
+    | ErrorRaised
+    | MessagePosted,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+EVENT_TYPES: tuple[str, ...] = tuple(
+    cls.model_fields["type"].default
+    for cls in Event.__subclasses__()  # every concrete type subclasses Event directly
+)
+
+# Events a person or another system feeds in; the runner reacts to them.
+INPUT_TYPES = frozenset(
+    {
+        "user_message",
+        "clarification_answered",
+        "thread_cancelled",
+        "approval_granted",
+        "approval_rejected",
+        "approval_refused",
+        "wait_finished",
+    }
+)
+
+
+def parse_event(data: dict[str, Any]) -> AnyEvent:
+    """Validate a dict into its typed event; the error names the first bad field."""
+    try:
+        return EVENT_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidEvent(_describe(exc, data)) from exc
+
+
+def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "type"
+    return f"invalid {data.get('type', 'event')!r} event: field {where!r}: {err['msg']}"

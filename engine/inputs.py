@@ -1,0 +1,264 @@
+"""Front-door functions: how people and other systems feed a thread.
+
+Each one appends one input event (deduplicated by its delivery key) in one short
+transaction and returns at once; the caller then kicks the runner. None of them calls
+the model or a tool. Concurrent inputs meet ``ConcurrencyConflict`` and re-read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from engine import events as ev
+from engine.errors import ConcurrencyConflict, ThreadNotFound
+from engine.policy import ApproverPolicy
+from engine.state import ThreadState
+from engine.store import Store, ThreadKey
+
+T = TypeVar("T")
+_ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An input stored (or found stored: ``deduplicated``)."""
+
+    thread_id: str
+    event: ev.AnyEvent
+    deduplicated: bool = False
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An input that may not change the thread; ``event`` is the audit record, if any."""
+
+    thread_id: str
+    reason: str
+    event: ev.AnyEvent | None = None
+
+
+async def _retrying(op: Callable[[], Awaitable[T]]) -> T:
+    for _ in range(_ATTEMPTS):
+        try:
+            return await op()
+        except ConcurrencyConflict:
+            continue
+    return await op()
+
+
+async def _append_one(
+    store: Store, thread_id: str, state: ThreadState, event: ev.Event
+) -> Accepted:
+    done = await store.append(thread_id, state.last_seq, [event], state=state)
+    return Accepted(thread_id, done.events[0], done.deduplicated)
+
+
+async def post_user_message(
+    store: Store,
+    key: ThreadKey,
+    *,
+    text: str,
+    user: str,
+    dedupe_key: str | None = None,
+    source: dict[str, Any] | None = None,
+) -> Accepted:
+    """A person wrote in the thread at ``key`` (created if new). While the thread waits
+    for a clarification, the message is the answer."""
+    thread_id = await store.create_thread(key)
+
+    async def once() -> Accepted:
+        state = await store.load(thread_id)
+        event: ev.Event
+        if state.status == "awaiting_reply" and state.question is not None:
+            event = ev.ClarificationAnswered(
+                actor=user,
+                tool_call_id=state.question.tool_call_id,
+                text=text,
+                dedupe_key=dedupe_key,
+            )
+        else:
+            event = ev.UserMessage(
+                actor=user, text=text, source=source or {}, dedupe_key=dedupe_key
+            )
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)
+
+
+async def answer_clarification(
+    store: Store, thread_id: str, *, text: str, user: str, dedupe_key: str | None = None
+) -> Accepted | Refused:
+    async def once() -> Accepted | Refused:
+        state = await store.load(thread_id)
+        if state.status != "awaiting_reply" or state.question is None:
+            return Refused(thread_id, "the thread is not waiting for an answer")
+        event = ev.ClarificationAnswered(
+            actor=user, tool_call_id=state.question.tool_call_id, text=text, dedupe_key=dedupe_key
+        )
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)
+
+
+async def decide_approval(
+    store: Store,
+    thread_id: str,
+    *,
+    tool_call_id: str,
+    reviewer: str,
+    decision: Literal["approve", "reject"],
+    policy: ApproverPolicy,
+    reason: str = "",
+    arguments_hash: str | None = None,
+    reviewer_groups: Iterable[str] = (),
+    dedupe_key: str | None = None,
+) -> Accepted | Refused:
+    """Approve or reject the pending call ``tool_call_id``.
+
+    Refused (with an ``approval_refused`` event for the audit) when that exact call is
+    not awaiting approval, the card's arguments hash does not match, or ``policy`` does
+    not allow ``reviewer``. A redelivered click (same ``dedupe_key``) is a no-op.
+    """
+    groups = frozenset(reviewer_groups)
+
+    async def once() -> Accepted | Refused:
+        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
+            if seen.type == "approval_refused":
+                return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
+            return Accepted(thread_id, seen, deduplicated=True)
+        state = await store.load(thread_id)
+        why = await _why_not(store, state, tool_call_id, arguments_hash)
+        if why is None:
+            why = policy.check(decision, reviewer, state.requester, groups)
+        if why is not None:
+            refusal = ev.ApprovalRefused(
+                actor=reviewer,
+                tool_call_id=tool_call_id,
+                decision=decision,
+                reason=why,
+                dedupe_key=dedupe_key,
+            )
+            done = await store.append(thread_id, state.last_seq, [refusal], state=state)
+            return Refused(thread_id, why, done.events[0])
+        event: ev.Event
+        if decision == "approve":
+            event = ev.ApprovalGranted(
+                actor=reviewer, tool_call_id=tool_call_id, dedupe_key=dedupe_key
+            )
+        else:
+            event = ev.ApprovalRejected(
+                actor=reviewer, tool_call_id=tool_call_id, reason=reason, dedupe_key=dedupe_key
+            )
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)
+
+
+async def _why_not(
+    store: Store, state: ThreadState, tool_call_id: str, args_hash: str | None
+) -> str | None:
+    call = state.pending
+    if call is not None and call.tool_call_id == tool_call_id and call.phase == "awaiting_approval":
+        if args_hash is not None and args_hash != call.arguments_hash:
+            return "this card is out of date: the call's arguments differ"
+        return None
+    return await describe_closed_call(store, state.thread_id, tool_call_id)
+
+
+async def describe_closed_call(store: Store, thread_id: str, tool_call_id: str) -> str:
+    """Why a call can no longer be decided, e.g. "already approved by U123 at 12:03"."""
+    verdicts = {
+        "approval_granted": "already approved",
+        "approval_rejected": "already rejected",
+        "approval_expired": "the approval expired",
+        "thread_cancelled": "the thread was cancelled",
+    }
+    requested = False
+    for e in await store.select_events(thread_id):
+        if getattr(e, "tool_call_id", None) == tool_call_id and e.type == "approval_requested":
+            requested = True
+        if (
+            requested
+            and e.type in verdicts
+            and getattr(e, "tool_call_id", tool_call_id) == tool_call_id
+        ):
+            who = f" by {e.actor}" if e.type in ("approval_granted", "approval_rejected") else ""
+            return f"{verdicts[e.type]}{who} at {_hhmm(e.created_at)} UTC"
+    if requested:
+        return "that call is no longer pending"
+    return "there is no such call awaiting approval"
+
+
+def _hhmm(when: datetime) -> str:
+    return when.strftime("%H:%M")
+
+
+async def finish_wait(
+    store: Store,
+    thread_id: str,
+    *,
+    wait_id: str,
+    result: dict[str, Any],
+    actor: str = "system",
+    dedupe_key: str | None = None,
+) -> Accepted | Refused:
+    """An external job finished (a webhook, say)."""
+
+    async def once() -> Accepted | Refused:
+        state = await store.load(thread_id)
+        call = state.pending
+        if (
+            state.status != "awaiting_job"
+            or call is None
+            or call.wait is None
+            or call.wait.wait_id != wait_id
+        ):
+            if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
+                return Accepted(thread_id, seen, deduplicated=True)
+            return Refused(thread_id, f"no open wait {wait_id!r}")
+        event = ev.WaitFinished(
+            actor=actor,
+            tool_call_id=call.tool_call_id,
+            wait_id=wait_id,
+            result=result,
+            dedupe_key=dedupe_key,
+        )
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)
+
+
+def thread_of_wait(wait_id: str) -> str:
+    """Wait ids are ``{thread_id}.{random}``, so a webhook finds its thread."""
+    thread_id, dot, _ = wait_id.rpartition(".")
+    if not dot or not thread_id:
+        raise ThreadNotFound(f"not a wait id: {wait_id!r}")
+    return thread_id
+
+
+async def cancel(
+    store: Store,
+    thread_id: str,
+    *,
+    by: str,
+    policy: ApproverPolicy,
+    reason: str = "",
+    user_groups: Iterable[str] = (),
+    dedupe_key: str | None = None,
+) -> Accepted | Refused:
+    """Stop the thread: allowed to its requester and to approvers."""
+
+    async def once() -> Accepted | Refused:
+        state = await store.load(thread_id)
+        if state.status in ("new", "cancelled"):
+            return Refused(thread_id, f"the thread is {state.status}")
+        allowed = by == state.requester or policy.is_approver(by, user_groups)
+        if not allowed:
+            return Refused(thread_id, "only the requester or an approver can cancel")
+        event = ev.ThreadCancelled(actor=by, reason=reason, dedupe_key=dedupe_key)
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)

@@ -1,0 +1,51 @@
+"""Converts domain events to table rows and back (a row is not an event)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.errors import InvalidEvent
+from engine.events import EVENT_ADAPTER, AnyEvent, Event
+
+ENVELOPE = ("thread_id", "seq", "event_id", "type", "created_at", "actor", "dedupe_key")
+
+
+def to_row(event: Event) -> dict[str, Any]:
+    data = event.model_dump(mode="json")
+    payload = {k: v for k, v in data.items() if k not in ENVELOPE}
+    return {
+        "thread_id": event.thread_id,
+        "seq": event.seq,
+        "event_id": event.event_id,
+        "type": event.type,
+        "actor": event.actor,
+        "created_at": event.created_at,
+        "dedupe_key": event.dedupe_key,
+        "payload": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+    }
+
+
+def from_row(row: Any) -> AnyEvent:
+    """The typed event of a stored row; a row that no longer parses is reported, not guessed."""
+    try:
+        data = json.loads(row.payload)
+        if not isinstance(data, dict):
+            raise ValueError("payload is not an object")
+        data.update(
+            thread_id=row.thread_id,
+            seq=row.seq,
+            event_id=row.event_id,
+            type=row.type,
+            created_at=row.created_at,
+            actor=row.actor,
+            dedupe_key=row.dedupe_key,
+        )
+        return EVENT_ADAPTER.validate_python(data)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        first = str(exc).strip().splitlines()
+        detail = " ".join(first[:3]) if first else type(exc).__name__
+        raise InvalidEvent(
+            f"stored event of thread {row.thread_id} at seq {row.seq} "
+            f"({row.type!r}) does not parse: {detail}"
+        ) from exc

@@ -1,0 +1,67 @@
+"""A model that plays a script, for tests, benchmarks and demos.
+
+The step it plays is chosen from the prompt (how many assistant turns it holds), never
+from memory, so a process that restarts mid-thread plays on from the right place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.context import Prompt
+from engine.models.base import Decision, ToolUse
+
+Step = Decision | Callable[[Prompt], Decision]
+
+
+def say(text: str) -> Decision:
+    return Decision(text=text, stop_reason="end_turn")
+
+
+def call(name: str, call_id: str | None = None, text: str = "", **arguments: Any) -> Step:
+    """A tool use; without ``call_id`` the id is derived from the turn (stable on replay)."""
+
+    def step(prompt: Prompt) -> Decision:
+        cid = call_id or f"toolu_{assistant_turns(prompt):04d}"
+        use = ToolUse(id=cid, name=name, input=dict(arguments))
+        return Decision(text=text, tool_use=use, stop_reason="tool_use")
+
+    return step
+
+
+def ask(question: str) -> Step:
+    return call("request_clarification", question=question)
+
+
+def assistant_turns(prompt: Prompt) -> int:
+    return sum(1 for m in prompt.messages if m["role"] == "assistant")
+
+
+class ScriptedModel:
+    """Plays ``script[i]`` where i counts the assistant turns already in the prompt."""
+
+    name = "scripted"
+
+    def __init__(self, script: Sequence[Step], *, latency: float = 0.0) -> None:
+        self.script = list(script)
+        self.latency = latency
+        self.calls = 0
+
+    async def next_step(self, prompt: Prompt) -> Decision:
+        self.calls += 1
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        index = assistant_turns(prompt)
+        if index >= len(self.script):
+            return say("(the script has ended)")
+        step = self.script[index]
+        decision = step(prompt) if callable(step) else step
+        return Decision(
+            text=decision.text,
+            tool_use=decision.tool_use,
+            stop_reason=decision.stop_reason,
+            usage=decision.usage,
+            model=self.name,
+        )

@@ -1,0 +1,125 @@
+"""Deterministic rules: what a model decision means, and who may decide an approval.
+
+The model proposes an intent; this code decides: run now, approve before running, wait
+for an external event, or reject. Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from engine.events import CLARIFICATION_TOOL, Policy
+from engine.models.base import Decision
+
+Kind = Literal[
+    "final", "clarify", "run_now", "approve_before_run", "wait_for_external_event", "reject"
+]
+
+
+class ToolLike(Protocol):
+    name: str
+    policy: Policy
+
+    def parse_arguments(self, arguments: dict[str, Any]) -> BaseModel: ...
+
+
+class Registry(Protocol):
+    def get(self, name: str) -> ToolLike | None: ...
+    def names(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Kind
+    reason: str = ""
+
+
+def classify(decision: Decision, registry: Registry) -> Verdict:
+    """Validate one decision and classify it."""
+    use = decision.tool_use
+    if decision.stop_reason == "max_tokens":
+        return Verdict("reject", "the reply was cut off at max_tokens; nothing was executed")
+    if decision.stop_reason == "refusal":
+        return Verdict("reject", "the model refused to continue")
+    if use is None:
+        if decision.text.strip():
+            return Verdict("final")
+        return Verdict("reject", "the reply was empty")
+    if use.name == CLARIFICATION_TOOL:
+        question = use.input.get("question")
+        if isinstance(question, str) and question.strip() and set(use.input) == {"question"}:
+            return Verdict("clarify")
+        return Verdict("reject", 'request_clarification takes {"question": "<text>"}')
+    tool = registry.get(use.name)
+    if tool is None:
+        known = ", ".join([*registry.names(), CLARIFICATION_TOOL])
+        return Verdict("reject", f"unknown tool {use.name!r}; the tools are: {known}")
+    try:
+        tool.parse_arguments(use.input)
+    except ValidationError as exc:
+        return Verdict("reject", f"arguments for {use.name!r} are invalid: {_first_error(exc)}")
+    return Verdict(tool.policy)
+
+
+def _first_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or "(input)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def arguments_hash(intent: str, arguments: dict[str, Any]) -> str:
+    """Binds an approval to the exact call: same tool, same arguments."""
+    canon = json.dumps([intent, arguments], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ApproverPolicy:
+    """``approvers``: user ids (U…/W…) and user-group ids (S…); empty: anyone but the
+    requester. The requester approves their own call only with ``allow_self``."""
+
+    approvers: frozenset[str] = frozenset()
+    allow_self: bool = False
+
+    @classmethod
+    def parse(cls, approvers: str | None, allow_self: str | None) -> ApproverPolicy:
+        ids = frozenset(a.strip() for a in (approvers or "").split(",") if a.strip())
+        return cls(ids, (allow_self or "").strip().lower() in ("1", "true", "yes", "on"))
+
+    @property
+    def groups(self) -> frozenset[str]:
+        return frozenset(a for a in self.approvers if a.startswith("S"))
+
+    def is_approver(self, user: str, user_groups: Iterable[str] = ()) -> bool:
+        if not self.approvers:
+            return True
+        return user in self.approvers or bool(self.groups & set(user_groups))
+
+    def check(
+        self,
+        decision: Literal["approve", "reject"],
+        reviewer: str,
+        requester: str | None,
+        reviewer_groups: Iterable[str] = (),
+    ) -> str | None:
+        """None if ``reviewer`` may make ``decision``; otherwise why not, in a sentence.
+
+        Rejecting is always open to the requester (withdrawing their own request is
+        safe); approving never is, unless self-approval is allowed.
+        """
+        is_requester = reviewer == requester
+        if decision == "reject" and is_requester:
+            return None
+        if is_requester and not self.allow_self:
+            return "you asked for this call, and self-approval is turned off"
+        if not self.is_approver(reviewer, reviewer_groups):
+            return "you are not on the approvers list"
+        return None

@@ -1,0 +1,440 @@
+"""The durable control loop of one thread.
+
+lease the thread (or leave: another worker has it)
+loop: state = reduce(events); do what ``next_action`` says; persist; repeat
+release the lease
+
+Every boundary that may block, fail or cause a side effect is bracketed by events: the
+intent is committed before (``tool_started`` in the same transaction as the decision
+that asked for it), the observation after. Nothing that matters after a restart is
+kept in memory: the attempt number, the retry time and the pending approval are in
+the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from engine import events as ev
+from engine import faults
+from engine.context import PROJECTION_VERSION, project
+from engine.errors import ConcurrencyConflict, IllegalTransition
+from engine.models.base import Decision, Model, ModelError
+from engine.policy import arguments_hash, classify
+from engine.state import PendingCall, ThreadState, next_action
+from engine.store import Store
+from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor
+
+log = logging.getLogger("opsloop.runner")
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    lease_ttl_s: float = 30.0
+    approval_ttl_s: float = 24 * 3600.0
+    max_rejections: int = 3
+    max_tool_attempts: int = 5
+    max_model_attempts: int = 6
+    retry_base_s: float = 2.0
+    retry_max_s: float = 600.0
+    max_decisions_per_input: int = 25
+    tool_timeout_s: float = 600.0
+
+    @classmethod
+    def from_env(cls) -> RunnerConfig:
+        env = os.environ
+        return cls(
+            lease_ttl_s=float(env.get("OPSLOOP_LEASE_SECONDS", cls.lease_ttl_s)),
+            approval_ttl_s=float(env.get("OPSLOOP_APPROVAL_TTL_SECONDS", cls.approval_ttl_s)),
+            max_rejections=int(env.get("OPSLOOP_MAX_REJECTIONS", cls.max_rejections)),
+            max_tool_attempts=int(env.get("OPSLOOP_MAX_TOOL_ATTEMPTS", cls.max_tool_attempts)),
+        )
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential backoff for the retry after failed attempt ``attempt`` (1-based)."""
+        return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Runner:
+    def __init__(
+        self,
+        store: Store,
+        model: Model,
+        tools: ToolRegistry,
+        config: RunnerConfig | None = None,
+        *,
+        clock: Clock = ev.utcnow,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.model = model
+        self.tools = tools
+        self.config = config or RunnerConfig()
+        self.clock = clock
+        self.owner = owner or worker_id()
+
+    async def run(self, thread_id: str) -> ThreadState | None:
+        """Run the thread until it rests; None if another worker holds it."""
+        ttl = self.config.lease_ttl_s
+        if not await self.store.acquire_lease(thread_id, self.owner, ttl, now=self.clock()):
+            return None
+        heartbeat = asyncio.create_task(self._heartbeat(thread_id))
+        try:
+            return await _Turn(self, thread_id).run()
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            await self.store.release_lease(thread_id, self.owner)
+
+    async def _heartbeat(self, thread_id: str) -> None:
+        ttl = self.config.lease_ttl_s
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self.store.renew_lease(thread_id, self.owner, ttl, now=self.clock())
+            except Exception:  # a blip; the next beat tries again before expiry
+                log.warning("lease renewal failed thread_id=%s", thread_id, exc_info=True)
+
+
+class _Turn:
+    """One leased run of one thread; caches the log it has read and written."""
+
+    def __init__(self, runner: Runner, thread_id: str) -> None:
+        self.r = runner
+        self.thread_id = thread_id
+        self.events: list[ev.AnyEvent] = []
+        self.state = ThreadState()
+
+    async def run(self) -> ThreadState:
+        await self._reload()
+        while True:
+            action = next_action(self.state, self.r.clock())
+            if action == "none":
+                return self.state
+            try:
+                if action == "ask_model":
+                    await self._ask_model()
+                elif action == "execute_tool":
+                    await self._execute(self._pending())
+                elif action == "expire_approval":
+                    call = self._pending()
+                    await self._append([ev.ApprovalExpired(tool_call_id=call.tool_call_id)])
+                elif action == "wait_timeout":
+                    await self._wait_timeout(self._pending())
+                elif action == "check_wait" and not await self._check_wait(self._pending()):
+                    return self.state
+            except ConcurrencyConflict:
+                # Someone appended (a reply, a click, a cancel): re-read and re-decide.
+                await self._reload()
+
+    def _pending(self) -> PendingCall:
+        assert self.state.pending is not None
+        return self.state.pending
+
+    async def _reload(self) -> None:
+        after = self.events[-1].seq if self.events else 0
+        if after == 0:
+            self.events = await self.r.store.select_events(self.thread_id)
+        else:
+            self.events.extend(await self.r.store.select_events(self.thread_id, after=after))
+        self.state = await self.r.store.load(self.thread_id)
+        if self.state.last_seq != (self.events[-1].seq if self.events else 0):
+            self.events = await self.r.store.select_events(self.thread_id)
+
+    async def _append(self, batch: Sequence[ev.Event]) -> list[ev.AnyEvent]:
+        appended = await self.r.store.append(
+            self.thread_id, self.state.last_seq, batch, state=self.state, now=self.r.clock()
+        )
+        faults.hit("append")
+        assert appended.state is not None
+        self.events.extend(appended.events)
+        self.state = appended.state
+        return appended.events
+
+    # --- the model ------------------------------------------------------------------
+
+    async def _ask_model(self) -> None:
+        cfg = self.r.config
+        if self.state.decisions_since_input >= cfg.max_decisions_per_input:
+            msg = f"stopped after {cfg.max_decisions_per_input} model steps without a human"
+            await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
+            return
+        prompt = project(self.events, self.r.tools.all(), PROJECTION_VERSION)
+        seq_asked = self.state.last_seq
+        try:
+            decision = await self.r.model.next_step(prompt)
+        except ModelError as exc:
+            await self._model_failed(exc)
+            return
+        if self.state.last_seq != seq_asked:  # pragma: no cover - defensive
+            raise ConcurrencyConflict(self.thread_id, seq_asked)
+        await self._decide(decision, prompt.hash)
+
+    async def _model_failed(self, exc: ModelError) -> None:
+        attempt = self.state.model_attempt + 1
+        log.warning("model call failed thread_id=%s attempt=%d: %s", self.thread_id, attempt, exc)
+        if exc.retryable and attempt < self.r.config.max_model_attempts:
+            delay = exc.retry_after or self.r.config.backoff(attempt)
+            wake = self.r.clock() + timedelta(seconds=delay)
+            await self._append([ev.RetryScheduled(attempt=attempt, wake_at=wake, error=str(exc))])
+        else:
+            await self._append([ev.ErrorRaised(message=str(exc), kind="model")])
+
+    async def _decide(self, decision: Decision, prompt_hash: str) -> None:
+        use = decision.tool_use
+        record = ev.ModelDecision(
+            actor="model",
+            text=decision.text,
+            tool_name=use.name if use else None,
+            tool_call_id=use.id if use else None,
+            arguments=use.input if use else None,
+            stop_reason=decision.stop_reason,
+            model=decision.model or self.r.model.name,
+            usage=decision.usage,
+            prompt_hash=prompt_hash,
+            projection_version=PROJECTION_VERSION,
+        )
+        verdict = classify(decision, self.r.tools)
+        batch: list[ev.Event] = [record]
+        if verdict.kind == "final":
+            batch.append(ev.FinalAnswer(actor="model", text=decision.text))
+        elif verdict.kind == "reject":
+            batch.append(
+                ev.DecisionRejected(tool_call_id=record.tool_call_id, reason=verdict.reason)
+            )
+            if self.state.consecutive_rejections + 1 >= self.r.config.max_rejections:
+                n = self.r.config.max_rejections
+                msg = f"{n} invalid decisions in a row; last: {verdict.reason}"
+                batch.append(ev.ErrorRaised(message=msg, kind="rejections"))
+        elif verdict.kind == "clarify":
+            assert use is not None
+            batch.append(
+                ev.ClarificationRequested(tool_call_id=use.id, question=use.input["question"])
+            )
+        else:
+            assert use is not None
+            key = f"{self.thread_id}:{use.id}"
+            batch.append(
+                ev.ToolCallRequested(
+                    tool_call_id=use.id,
+                    intent=use.name,
+                    arguments=use.input,
+                    policy=verdict.kind,
+                    idempotency_key=key,
+                )
+            )
+            if verdict.kind == "approve_before_run":
+                expires = self.r.clock() + timedelta(seconds=self.r.config.approval_ttl_s)
+                batch.append(
+                    ev.ApprovalRequested(
+                        tool_call_id=use.id,
+                        arguments_hash=arguments_hash(use.name, use.input),
+                        expires_at=expires,
+                        reason=decision.text,
+                    )
+                )
+            else:
+                # The intent commits with the decision: one transaction, not two.
+                batch.append(ev.ToolStarted(tool_call_id=use.id, attempt=1))
+        await self._append(batch)
+        if self.state.pending is not None and self.state.pending.phase == "started":
+            await self._invoke(self.state.pending)
+
+    # --- tools ----------------------------------------------------------------------
+
+    async def _execute(self, call: PendingCall) -> None:
+        if call.attempt >= self.r.config.max_tool_attempts:
+            # Crashed or failed that often: stop re-running it; the model hears why.
+            if call.phase != "started":
+                await self._append(
+                    [ev.ToolStarted(tool_call_id=call.tool_call_id, attempt=call.attempt + 1)]
+                )
+                call = self._pending()
+            msg = f"gave up after {call.attempt - 1 if call.attempt > 1 else call.attempt} attempts"
+            await self._record(
+                call,
+                ev.ToolResult(
+                    tool_call_id=call.tool_call_id, attempt=call.attempt, ok=False, error=msg
+                ),
+            )
+            return
+        await self._append(
+            [ev.ToolStarted(tool_call_id=call.tool_call_id, attempt=call.attempt + 1)]
+        )
+        await self._invoke(self._pending())
+
+    async def _invoke(self, call: PendingCall) -> None:
+        """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
+        tool = self.r.tools.get(call.intent)
+        ctx = ToolContext(
+            thread_id=self.thread_id,
+            tool_call_id=call.tool_call_id,
+            idempotency_key=call.idempotency_key,
+            attempt=call.attempt,
+            requester=self.state.requester,
+        )
+        outcome: ev.Event
+        try:
+            if tool is None:
+                raise LookupError(f"tool {call.intent!r} is no longer registered")
+            args = tool.parse_arguments(call.arguments)
+            async with asyncio.timeout(self.r.config.tool_timeout_s):
+                output = await tool.run(args, ctx)
+        except RetryableToolError as exc:
+            outcome = self._retry_or_fail(call, exc)
+        except Exception as exc:
+            log.exception(
+                "tool failed thread_id=%s tool_call_id=%s", self.thread_id, call.tool_call_id
+            )
+            outcome = ev.ToolResult(
+                actor="tool",
+                tool_call_id=call.tool_call_id,
+                attempt=call.attempt,
+                ok=False,
+                error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+            )
+        else:
+            outcome = self._observed(call, output)
+        await self._record(call, outcome)
+
+    def _retry_or_fail(self, call: PendingCall, exc: RetryableToolError) -> ev.Event:
+        cfg = self.r.config
+        if call.attempt >= cfg.max_tool_attempts:
+            return ev.ToolResult(
+                actor="tool",
+                tool_call_id=call.tool_call_id,
+                attempt=call.attempt,
+                ok=False,
+                error=f"{exc} (gave up after {call.attempt} attempts)",
+            )
+        delay = exc.retry_after if exc.retry_after is not None else cfg.backoff(call.attempt)
+        return ev.RetryScheduled(
+            tool_call_id=call.tool_call_id,
+            attempt=call.attempt,
+            wake_at=self.r.clock() + timedelta(seconds=delay),
+            error=str(exc) or type(exc).__name__,
+        )
+
+    def _observed(self, call: PendingCall, output: Any) -> ev.Event:
+        if isinstance(output, WaitFor):
+            now = self.r.clock()
+            timeout_at = now + timedelta(seconds=output.timeout_s)
+            wake = (
+                now + timedelta(seconds=output.poll_every_s) if output.poll_every_s else timeout_at
+            )
+            if call.policy != "wait_for_external_event":
+                return ev.ToolResult(
+                    actor="tool",
+                    tool_call_id=call.tool_call_id,
+                    attempt=call.attempt,
+                    ok=False,
+                    error="the tool asked to wait but its policy is not wait_for_external_event",
+                )
+            return ev.WaitStarted(
+                actor="tool",
+                tool_call_id=call.tool_call_id,
+                wait_id=f"{self.thread_id}.{secrets.token_hex(8)}",
+                description=output.description,
+                data=output.data,
+                wake_at=min(wake, timeout_at),
+                timeout_at=timeout_at,
+                poll_every_s=output.poll_every_s,
+            )
+        return ev.ToolResult(
+            actor="tool",
+            tool_call_id=call.tool_call_id,
+            attempt=call.attempt,
+            ok=True,
+            output=to_jsonable_python(output, fallback=str),
+        )
+
+    async def _record(self, call: PendingCall, outcome: ev.Event) -> None:
+        """Append a tool's outcome, re-reading past any input that arrived meanwhile."""
+        for _ in range(20):
+            try:
+                await self._append([outcome])
+                return
+            except ConcurrencyConflict:
+                await self._reload()
+                now = self.state.pending
+                if (
+                    now is None
+                    or now.tool_call_id != call.tool_call_id
+                    or now.attempt != call.attempt
+                ):
+                    log.warning(
+                        "dropping outcome of a call no longer pending thread_id=%s tool_call_id=%s",
+                        self.thread_id,
+                        call.tool_call_id,
+                    )
+                    return
+            except IllegalTransition:
+                log.warning(
+                    "outcome refused thread_id=%s tool_call_id=%s",
+                    self.thread_id,
+                    call.tool_call_id,
+                    exc_info=True,
+                )
+                return
+        raise ConcurrencyConflict(self.thread_id, self.state.last_seq)
+
+    # --- waits ----------------------------------------------------------------------
+
+    async def _wait_timeout(self, call: PendingCall) -> None:
+        assert call.wait is not None
+        await self._append(
+            [ev.WaitTimedOut(tool_call_id=call.tool_call_id, wait_id=call.wait.wait_id)]
+        )
+
+    async def _check_wait(self, call: PendingCall) -> bool:
+        """Poll the job once; True if the thread moved on, False to sleep until next poll."""
+        assert call.wait is not None
+        wait = call.wait
+        tool = self.r.tools.get(call.intent)
+        result: dict[str, Any] | None = None
+        if tool is not None and tool.poll is not None:
+            ctx = ToolContext(
+                self.thread_id,
+                call.tool_call_id,
+                call.idempotency_key,
+                call.attempt,
+                self.state.requester,
+            )
+            try:
+                result = await tool.poll(wait.data, ctx)
+            except Exception:
+                log.exception("poll failed thread_id=%s wait_id=%s", self.thread_id, wait.wait_id)
+        if result is not None:
+            await self._append(
+                [
+                    ev.WaitFinished(
+                        actor="tool",
+                        tool_call_id=call.tool_call_id,
+                        wait_id=wait.wait_id,
+                        result=result,
+                    )
+                ]
+            )
+            return True
+        every = wait.poll_every_s or (wait.timeout_at - self.r.clock()).total_seconds()
+        wake = min(wait.timeout_at, self.r.clock() + timedelta(seconds=max(every, 0.05)))
+        await self.r.store.set_wake_at(self.thread_id, self.state.last_seq, wake)
+        return False

@@ -1,0 +1,186 @@
+"""Finding work: the dispatcher runs threads in the background; the scheduler wakes them.
+
+Each process runs its own in-memory APScheduler 3 whose jobs only *look* in the
+database (job stores must not be shared between schedulers); leases in the database
+decide who runs a thread. A sweep every ``interval`` seconds picks up timers that are
+due and threads left ``running`` by a dead process (their lease expired), so at startup
+every thread left mid-step resumes with nobody touching it. Wake-ups for timers known
+in this process are date jobs with deterministic ids (``wake-{thread_id}-{due}``), so
+scheduling one twice never doubles it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from engine.events import utcnow
+from engine.runner import Runner
+from engine.store import Store
+
+log = logging.getLogger("opsloop.scheduler")
+
+
+class Dispatcher:
+    """Runs each kicked thread in a task, one task per thread in this process.
+
+    A kick while the thread is running here marks it to run once more afterwards, so an
+    input that lands just as the runner decides to rest is never left unnoticed.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[str], Awaitable[object]],
+        *,
+        max_concurrency: int = 16,
+        on_rest: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self._run = run
+        self._on_rest = on_rest
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self._closed = False
+
+    def kick(self, thread_id: str) -> None:
+        if self._closed:
+            return
+        if thread_id in self._tasks:
+            self._again.add(thread_id)
+            return
+        self._tasks[thread_id] = asyncio.create_task(self._drive(thread_id))
+
+    @property
+    def busy(self) -> int:
+        return len(self._tasks)
+
+    async def _drive(self, thread_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(thread_id)
+                async with self._limit:
+                    try:
+                        await self._run(thread_id)
+                    except Exception:
+                        # The thread stays in the log as it was; the sweep retries later.
+                        log.exception("run failed thread_id=%s", thread_id)
+                if self._on_rest is not None:
+                    await self._on_rest(thread_id)
+                if thread_id not in self._again or self._closed:
+                    return
+        finally:
+            self._tasks.pop(thread_id, None)
+
+    async def idle(self) -> None:
+        """Wait until nothing runs (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self.idle()
+
+
+class Scheduler:
+    """The sweep and the wake-ups of one process."""
+
+    def __init__(
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        *,
+        interval: float = 1.0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.interval = interval
+        self.clock = clock
+        self._aps = AsyncIOScheduler(timezone="UTC")
+
+    def start(self) -> None:
+        self._aps.add_job(
+            self.sweep,
+            "interval",
+            seconds=self.interval,
+            id="opsloop-sweep",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=self.clock(),  # at once: recover what a dead process left
+            misfire_grace_time=None,
+        )
+        self._aps.start()
+
+    async def shutdown(self) -> None:
+        if self._aps.running:
+            self._aps.shutdown(wait=False)
+
+    async def sweep(self) -> list[str]:
+        """Kick every thread with work due now; returns their ids."""
+        try:
+            due = await self.store.due_threads(self.clock())
+        except Exception:
+            log.warning("sweep could not read the database", exc_info=True)
+            return []
+        for thread_id in due:
+            self.dispatcher.kick(thread_id)
+        return due
+
+    async def after_run(self, thread_id: str) -> None:
+        """Set a precise wake-up for a timer due before the next sweep would see it."""
+        try:
+            info = await self.store.get_thread(thread_id)
+        except Exception:
+            return
+        if info.wake_at is None or not self._aps.running:
+            return
+        if info.wake_at - self.clock() > timedelta(seconds=self.interval * 2):
+            return  # the sweep will see it in time
+        self._aps.add_job(
+            self.dispatcher.kick,
+            "date",
+            run_date=info.wake_at,
+            args=[thread_id],
+            id=f"wake-{thread_id}-{info.wake_at.isoformat()}",
+            replace_existing=True,
+            misfire_grace_time=None,
+        )
+
+
+class Worker:
+    """Runner + dispatcher + scheduler: what a serving process runs in the background."""
+
+    def __init__(self, runner: Runner, *, interval: float = 1.0, max_concurrency: int = 16) -> None:
+        self.runner = runner
+        self.dispatcher = Dispatcher(
+            self._run_until_settled, max_concurrency=max_concurrency, on_rest=self._rest
+        )
+        self.scheduler = Scheduler(
+            runner.store, self.dispatcher, interval=interval, clock=runner.clock
+        )
+
+    async def _run_until_settled(self, thread_id: str) -> None:
+        state = await self.runner.run(thread_id)
+        if state is None:
+            return
+        # An input may have landed between our last read and the lease release.
+        info = await self.runner.store.get_thread(thread_id)
+        if info.last_seq != state.last_seq:
+            self.dispatcher.kick(thread_id)
+
+    async def _rest(self, thread_id: str) -> None:
+        await self.scheduler.after_run(thread_id)
+
+    def kick(self, thread_id: str) -> None:
+        self.dispatcher.kick(thread_id)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.shutdown()
+        await self.dispatcher.close()

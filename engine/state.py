@@ -1,0 +1,363 @@
+"""The pure reducer: ``ThreadState = reduce(events)``.
+
+``apply(state, event)`` returns the next state or raises ``IllegalTransition``; the
+store applies every event before inserting it, so the log never holds an illegal
+sequence. The state holds no collection that grows with the log, so it is cheap to
+copy, to snapshot and to fold from a snapshot plus the tail.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from engine import events as ev
+from engine.errors import IllegalTransition
+
+Status = Literal[
+    "new",
+    "running",
+    "awaiting_approval",
+    "awaiting_reply",
+    "awaiting_job",
+    "sleeping",
+    "idle",
+    "failed",
+    "cancelled",
+]
+Phase = Literal["requested", "awaiting_approval", "ready", "started", "retry_wait", "waiting"]
+Action = Literal[
+    "execute_tool", "ask_model", "expire_approval", "check_wait", "wait_timeout", "none"
+]
+
+# Statuses in which nothing happens until a person (or a new message) acts.
+AT_REST: frozenset[str] = frozenset({"new", "idle", "failed", "cancelled", "awaiting_reply"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WaitInfo(_Frozen):
+    wait_id: str
+    description: str
+    data: dict[str, Any]
+    wake_at: AwareDatetime
+    timeout_at: AwareDatetime
+    poll_every_s: float | None = None
+
+
+class PendingCall(_Frozen):
+    """The one tool call in flight: from request to its result."""
+
+    tool_call_id: str
+    intent: str
+    arguments: dict[str, Any]
+    policy: ev.Policy
+    idempotency_key: str
+    phase: Phase
+    attempt: int = 0  # the last attempt started
+    arguments_hash: str = ""
+    expires_at: AwareDatetime | None = None
+    retry_at: AwareDatetime | None = None
+    wait: WaitInfo | None = None
+
+
+class ThreadState(_Frozen):
+    thread_id: str = ""
+    status: Status = "new"
+    last_seq: int = 0
+    requester: str | None = None
+    # A model_decision whose consequence (a call, a question, an answer, a rejection)
+    # must follow; holds the decision's tool_call_id ("" when it proposed no tool).
+    open_decision: str | None = None
+    pending: PendingCall | None = None
+    question: ev.ClarificationRequested | None = None
+    consecutive_rejections: int = 0
+    decisions_since_input: int = 0
+    model_attempt: int = 0  # consecutive failed model calls, from retry_scheduled
+    model_retry_at: AwareDatetime | None = None
+
+    @property
+    def wake_at(self) -> datetime | None:
+        """When the scheduler must look at this thread again, if it waits on time."""
+        if self.status == "sleeping":
+            return self.pending.retry_at if self.pending else self.model_retry_at
+        if self.status == "awaiting_approval" and self.pending:
+            return self.pending.expires_at
+        if self.status == "awaiting_job" and self.pending and self.pending.wait:
+            return min(self.pending.wait.wake_at, self.pending.wait.timeout_at)
+        return None
+
+
+def _refuse(event: ev.Event, state: ThreadState, why: str) -> IllegalTransition:
+    return IllegalTransition(event.type, state.status, why)
+
+
+def _require(ok: bool, event: ev.Event, state: ThreadState, why: str) -> None:
+    if not ok:
+        raise _refuse(event, state, why)
+
+
+def _pending(state: ThreadState, event: ev.Event, call_id: str, *phases: str) -> PendingCall:
+    call = state.pending
+    _require(
+        call is not None and call.tool_call_id == call_id,
+        event,
+        state,
+        f"tool call {call_id!r} is not pending",
+    )
+    assert call is not None
+    _require(call.phase in phases, event, state, f"call {call_id!r} is {call.phase}")
+    return call
+
+
+def _decision(state: ThreadState, event: ev.Event, call_id: str | None) -> None:
+    _require(state.open_decision is not None, event, state, "no model decision to follow")
+    if call_id is not None:
+        _require(
+            state.open_decision == call_id,
+            event,
+            state,
+            f"decision was for call {state.open_decision!r}, not {call_id!r}",
+        )
+
+
+# --- one small branch per event type ------------------------------------------------
+
+
+def _user_message(s: ThreadState, e: ev.UserMessage) -> dict[str, Any]:
+    _require(s.status != "awaiting_reply", e, s, "a reply answers the open question")
+    _require(s.open_decision is None, e, s, "a model decision is half-written")
+    update: dict[str, Any] = {"requester": s.requester or e.actor}
+    if s.status in ("new", "idle", "failed", "cancelled"):
+        update.update(
+            status="running",
+            consecutive_rejections=0,
+            decisions_since_input=0,
+            model_attempt=0,
+            model_retry_at=None,
+        )
+        # A call left over from a cancelled or failed turn is never run again.
+        update["pending"] = None
+    else:
+        update["decisions_since_input"] = 0
+    return update
+
+
+def _clarification_answered(s: ThreadState, e: ev.ClarificationAnswered) -> dict[str, Any]:
+    _require(s.status == "awaiting_reply" and s.question is not None, e, s, "no open question")
+    assert s.question is not None
+    _require(s.question.tool_call_id == e.tool_call_id, e, s, "answers another question")
+    return {"status": "running", "question": None, "decisions_since_input": 0}
+
+
+def _thread_cancelled(s: ThreadState, e: ev.ThreadCancelled) -> dict[str, Any]:
+    _require(s.status not in ("new", "cancelled"), e, s, "nothing to cancel")
+    keep = s.pending if s.pending is not None and s.pending.phase == "started" else None
+    return {"status": "cancelled", "pending": keep, "question": None, "open_decision": None}
+
+
+def _model_decision(s: ThreadState, e: ev.ModelDecision) -> dict[str, Any]:
+    _require(s.status in ("running", "sleeping"), e, s, "the thread is not running")
+    _require(s.open_decision is None, e, s, "the previous decision has no outcome")
+    _require(s.pending is None, e, s, "a tool call is pending")
+    return {
+        "status": "running",
+        "open_decision": e.tool_call_id or "",
+        "decisions_since_input": s.decisions_since_input + 1,
+        "model_retry_at": None,
+    }
+
+
+def _decision_rejected(s: ThreadState, e: ev.DecisionRejected) -> dict[str, Any]:
+    _decision(s, e, None)
+    return {"open_decision": None, "consecutive_rejections": s.consecutive_rejections + 1}
+
+
+def _final_answer(s: ThreadState, e: ev.FinalAnswer) -> dict[str, Any]:
+    _decision(s, e, None)
+    return {"open_decision": None, "status": "idle", "consecutive_rejections": 0}
+
+
+def _clarification_requested(s: ThreadState, e: ev.ClarificationRequested) -> dict[str, Any]:
+    _decision(s, e, e.tool_call_id)
+    return {
+        "open_decision": None,
+        "status": "awaiting_reply",
+        "question": e,
+        "consecutive_rejections": 0,
+    }
+
+
+def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, Any]:
+    _decision(s, e, e.tool_call_id)
+    phase: Phase = "requested" if e.policy == "approve_before_run" else "ready"
+    call = PendingCall(
+        tool_call_id=e.tool_call_id,
+        intent=e.intent,
+        arguments=e.arguments,
+        policy=e.policy,
+        idempotency_key=e.idempotency_key,
+        phase=phase,
+    )
+    return {"open_decision": None, "pending": call, "consecutive_rejections": 0}
+
+
+def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, Any]:
+    call = _pending(s, e, e.tool_call_id, "requested")
+    call = call.model_copy(
+        update={
+            "phase": "awaiting_approval",
+            "expires_at": e.expires_at,
+            "arguments_hash": e.arguments_hash,
+        }
+    )
+    return {"pending": call, "status": "awaiting_approval"}
+
+
+def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
+    _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
+    call = _pending(s, e, e.tool_call_id, "awaiting_approval")
+    return {"pending": call.model_copy(update={"phase": "ready"}), "status": "running"}
+
+
+def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
+    _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
+    _pending(s, e, e.tool_call_id, "awaiting_approval")
+    return {"pending": None, "status": "running"}
+
+
+def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
+    _require(s.status in ("running", "sleeping"), e, s, "the thread is not running")
+    call = _pending(s, e, e.tool_call_id, "ready", "started", "retry_wait")
+    _require(e.attempt == call.attempt + 1, e, s, f"attempt {call.attempt + 1} is next")
+    started = call.model_copy(update={"phase": "started", "attempt": e.attempt})
+    return {"pending": started, "status": "running"}
+
+
+def _tool_result(s: ThreadState, e: ev.ToolResult) -> dict[str, Any]:
+    call = _pending(s, e, e.tool_call_id, "started")
+    _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
+    return {"pending": None}
+
+
+def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
+    _require(s.status == "running", e, s, "the thread is not running")
+    if e.tool_call_id is None:
+        _require(s.pending is None and s.open_decision is None, e, s, "a call is pending")
+        return {"status": "sleeping", "model_attempt": e.attempt, "model_retry_at": e.wake_at}
+    call = _pending(s, e, e.tool_call_id, "started")
+    _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
+    waiting = call.model_copy(update={"phase": "retry_wait", "retry_at": e.wake_at})
+    return {"pending": waiting, "status": "sleeping"}
+
+
+def _wait_started(s: ThreadState, e: ev.WaitStarted) -> dict[str, Any]:
+    _require(s.status == "running", e, s, "the thread is not running")
+    call = _pending(s, e, e.tool_call_id, "started")
+    _require(call.policy == "wait_for_external_event", e, s, "the tool does not wait")
+    info = WaitInfo(
+        wait_id=e.wait_id,
+        description=e.description,
+        data=e.data,
+        wake_at=e.wake_at,
+        timeout_at=e.timeout_at,
+        poll_every_s=e.poll_every_s,
+    )
+    return {
+        "pending": call.model_copy(update={"phase": "waiting", "wait": info}),
+        "status": "awaiting_job",
+    }
+
+
+def _wait_closed(s: ThreadState, e: ev.WaitFinished | ev.WaitTimedOut) -> dict[str, Any]:
+    _require(s.status == "awaiting_job", e, s, "no job is awaited")
+    call = _pending(s, e, e.tool_call_id, "waiting")
+    assert call.wait is not None
+    _require(call.wait.wait_id == e.wait_id, e, s, f"wait {e.wait_id!r} is not open")
+    return {"pending": None, "status": "running"}
+
+
+def _error(s: ThreadState, e: ev.ErrorRaised) -> dict[str, Any]:
+    _require(s.status not in ("new", "cancelled"), e, s, "the thread is not active")
+    keep = s.pending if s.pending is not None and s.pending.phase == "started" else None
+    return {"status": "failed", "open_decision": None, "pending": keep, "question": None}
+
+
+def _no_change(s: ThreadState, e: ev.Event) -> dict[str, Any]:
+    return {}
+
+
+_APPLY: dict[str, Callable[[ThreadState, Any], dict[str, Any]]] = {
+    "user_message": _user_message,
+    "clarification_answered": _clarification_answered,
+    "thread_cancelled": _thread_cancelled,
+    "model_decision": _model_decision,
+    "decision_rejected": _decision_rejected,
+    "final_answer": _final_answer,
+    "clarification_requested": _clarification_requested,
+    "tool_call_requested": _tool_call_requested,
+    "approval_requested": _approval_requested,
+    "approval_granted": _approval_granted,
+    "approval_rejected": _approval_closed,
+    "approval_expired": _approval_closed,
+    "approval_refused": _no_change,
+    "tool_started": _tool_started,
+    "tool_result": _tool_result,
+    "retry_scheduled": _retry_scheduled,
+    "wait_started": _wait_started,
+    "wait_finished": _wait_closed,
+    "wait_timed_out": _wait_closed,
+    "error": _error,
+    "message_posted": _no_change,
+}
+
+
+def apply(state: ThreadState, event: ev.Event) -> ThreadState:
+    """The state after ``event``; raises ``IllegalTransition`` if it may not happen now."""
+    if state.thread_id and event.thread_id and event.thread_id != state.thread_id:
+        raise _refuse(event, state, f"event of thread {event.thread_id!r}")
+    if event.seq and event.seq != state.last_seq + 1:
+        raise _refuse(event, state, f"seq {event.seq} does not follow {state.last_seq}")
+    if state.status == "new":
+        _require(event.type == "user_message", event, state, "a thread starts with a message")
+    update = _APPLY[event.type](state, event)
+    update["last_seq"] = event.seq or state.last_seq + 1
+    if not state.thread_id:
+        update["thread_id"] = event.thread_id
+    return state.model_copy(update=update)
+
+
+def reduce(events: Iterable[ev.Event], state: ThreadState | None = None) -> ThreadState:
+    """Fold events onto ``state`` (a snapshot), or onto a new thread."""
+    current = state if state is not None else ThreadState()
+    for event in events:
+        current = apply(current, event)
+    return current
+
+
+def next_action(state: ThreadState, now: datetime) -> Action:
+    """What the runner must do next in this state at time ``now`` (pure)."""
+    status, call = state.status, state.pending
+    if status == "running":
+        if call is not None and call.phase in ("ready", "started"):
+            return "execute_tool"
+        if call is None and state.open_decision is None:
+            return "ask_model"
+        return "none"
+    wake = state.wake_at
+    if wake is None or wake > now:
+        return "none"
+    if status == "sleeping":
+        return "execute_tool" if call is not None else "ask_model"
+    if status == "awaiting_approval":
+        return "expire_approval"
+    if status == "awaiting_job" and call is not None and call.wait is not None:
+        return "wait_timeout" if call.wait.timeout_at <= now else "check_wait"
+    return "none"

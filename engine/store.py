@@ -1,0 +1,424 @@
+"""The event store: threads, their append-only logs, snapshots and leases.
+
+One adapter for SQLite and PostgreSQL; only engine creation, upserts and the
+unique-violation mapping differ. Public methods open their transaction; ``_…_txn``
+helpers compose inside one.
+
+Appending is optimistic: ``insert_events(thread_id, events, expected_seq)`` moves the
+thread row from ``expected_seq`` to its new ``last_seq`` with a guarded UPDATE in the
+same transaction as the INSERT, so a concurrent writer gets ``ConcurrencyConflict``,
+never a gap or a duplicate seq.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlmodel import SQLModel
+
+from engine import mapper
+from engine.db import DatabaseConfig, create_engine, parse_database_url
+from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
+from engine.events import AnyEvent, Event, utcnow
+from engine.state import ThreadState, reduce
+from engine.tables import EVENTS, SNAPSHOTS, THREADS
+
+SNAPSHOT_EVERY = 200
+# Statuses whose wake_at means "look again at this time".
+TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
+
+
+@dataclass(frozen=True)
+class ThreadKey:
+    """Where a thread lives in Slack (or another front door): unique per thread."""
+
+    team: str
+    channel: str
+    root_ts: str
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    id: str
+    team: str
+    channel: str
+    root_ts: str
+    requester: str | None
+    status: str
+    last_seq: int
+    wake_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an append stored. ``deduplicated``: the input was there already."""
+
+    events: list[AnyEvent]
+    state: ThreadState | None
+    deduplicated: bool = False
+
+
+def new_thread_id() -> str:
+    return f"thr_{uuid.uuid4().hex[:20]}"
+
+
+class Store:
+    def __init__(self, engine: AsyncEngine, config: DatabaseConfig) -> None:
+        self.engine = engine
+        self.config = config
+
+    @classmethod
+    async def open(cls, url: str, *, create: bool = True, pool_size: int = 10) -> Store:
+        """Connect (and create missing tables); unreachable: ``StoreUnavailable``."""
+        config = parse_database_url(url)
+        engine = create_engine(config, pool_size=pool_size)
+        store = cls(engine, config)
+        try:
+            if create:
+                await store.create_tables()
+            else:
+                await store.ping()
+        except BaseException:
+            await engine.dispose()
+            raise
+        return store
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def create_tables(self) -> None:
+        try:
+            async with self.engine.begin() as conn:
+                await conn.run_sync(SQLModel.metadata.create_all, tables=_TABLES)
+        except (OperationalError, DBAPIError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+
+    async def ping(self) -> None:
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+        except (OperationalError, DBAPIError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        why = cause[0] if cause else type(exc).__name__
+        return StoreUnavailable(f"cannot reach the database {self.config.display()}: {why}")
+
+    # --- threads --------------------------------------------------------------------
+
+    async def create_thread(self, key: ThreadKey, *, now: datetime | None = None) -> str:
+        """The id of the thread at ``key``, creating it if new (idempotent, race-safe)."""
+        now = now or utcnow()
+        async with self.engine.begin() as conn:
+            existing = await self._find_thread_txn(conn, key)
+            if existing is not None:
+                return existing
+            values = {
+                "id": new_thread_id(),
+                "team": key.team,
+                "channel": key.channel,
+                "root_ts": key.root_ts,
+                "status": "new",
+                "last_seq": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            insert = self._insert(THREADS).values(**values).on_conflict_do_nothing()
+            await conn.execute(insert)
+            found = await self._find_thread_txn(conn, key)
+            assert found is not None
+            return found
+
+    async def find_thread(self, key: ThreadKey) -> str | None:
+        async with self.engine.connect() as conn:
+            return await self._find_thread_txn(conn, key)
+
+    async def _find_thread_txn(self, conn: AsyncConnection, key: ThreadKey) -> str | None:
+        query = sa.select(THREADS.c.id).where(
+            THREADS.c.team == key.team,
+            THREADS.c.channel == key.channel,
+            THREADS.c.root_ts == key.root_ts,
+        )
+        return (await conn.execute(query)).scalar_one_or_none()
+
+    async def get_thread(self, thread_id: str) -> ThreadInfo:
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(THREADS.select().where(THREADS.c.id == thread_id))).first()
+        if row is None:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        return ThreadInfo(**row._asdict())
+
+    async def resolve_thread(self, ref: str) -> ThreadInfo:
+        """A thread by id, or by ``CHANNEL/THREAD_TS`` as people copy it from Slack."""
+        if "/" not in ref:
+            return await self.get_thread(ref)
+        channel, _, ts = ref.partition("/")
+        query = THREADS.select().where(THREADS.c.channel == channel, THREADS.c.root_ts == ts)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        if not rows:
+            raise ThreadNotFound(f"no thread {ref!r}")
+        return ThreadInfo(**rows[0]._asdict())
+
+    async def list_threads(self, status: str | None = None, limit: int = 1000) -> list[ThreadInfo]:
+        query = THREADS.select().order_by(THREADS.c.updated_at.desc()).limit(limit)
+        if status:
+            query = query.where(THREADS.c.status == status)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [ThreadInfo(**row._asdict()) for row in rows]
+
+    # --- events ---------------------------------------------------------------------
+
+    async def select_events(self, thread_id: str, *, after: int = 0) -> list[AnyEvent]:
+        query = (
+            EVENTS.select()
+            .where(EVENTS.c.thread_id == thread_id, EVENTS.c.seq > after)
+            .order_by(EVENTS.c.seq)
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [mapper.from_row(row) for row in rows]
+
+    async def load(self, thread_id: str) -> ThreadState:
+        """The thread's state: its latest snapshot plus the events after it."""
+        async with self.engine.connect() as conn:
+            return await self._load_txn(conn, thread_id)
+
+    async def _load_txn(self, conn: AsyncConnection, thread_id: str) -> ThreadState:
+        snap = (
+            await conn.execute(
+                sa.select(SNAPSHOTS.c.seq, SNAPSHOTS.c.state).where(
+                    SNAPSHOTS.c.thread_id == thread_id
+                )
+            )
+        ).first()
+        base = ThreadState.model_validate_json(snap.state) if snap else None
+        after = snap.seq if snap else 0
+        rows = (
+            await conn.execute(
+                EVENTS.select()
+                .where(EVENTS.c.thread_id == thread_id, EVENTS.c.seq > after)
+                .order_by(EVENTS.c.seq)
+            )
+        ).all()
+        if base is None and not rows:
+            exists = await conn.execute(sa.select(THREADS.c.id).where(THREADS.c.id == thread_id))
+            if exists.first() is None:
+                raise ThreadNotFound(f"no thread {thread_id!r}")
+            return ThreadState(thread_id=thread_id)
+        return reduce((mapper.from_row(r) for r in rows), base)
+
+    async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
+        async with self.engine.connect() as conn:
+            return await self._dedupe_txn(conn, thread_id, key)
+
+    async def _dedupe_txn(self, conn: AsyncConnection, thread_id: str, key: str) -> AnyEvent | None:
+        row = (
+            await conn.execute(
+                EVENTS.select().where(EVENTS.c.thread_id == thread_id, EVENTS.c.dedupe_key == key)
+            )
+        ).first()
+        return mapper.from_row(row) if row else None
+
+    async def insert_events(
+        self,
+        thread_id: str,
+        events: Sequence[Event],
+        expected_seq: int,
+        *,
+        state: ThreadState | None = None,
+        now: datetime | None = None,
+    ) -> Appended:
+        """Append ``events`` after ``expected_seq`` in one transaction.
+
+        ``state`` is the caller's state at ``expected_seq`` (saves a read); the events
+        are applied to it first, so an illegal one raises and nothing is written. An
+        input whose ``dedupe_key`` is stored already is a no-op returning the stored
+        event. A stale ``expected_seq`` raises ``ConcurrencyConflict``.
+        """
+        now = now or utcnow()
+        keys = [e.dedupe_key for e in events if e.dedupe_key]
+        try:
+            async with self.engine.begin() as conn:
+                for key in keys:
+                    stored = await self._dedupe_txn(conn, thread_id, key)
+                    if stored is not None:
+                        return Appended(events=[stored], state=None, deduplicated=True)
+                if state is None or state.last_seq != expected_seq:
+                    state = await self._load_txn(conn, thread_id)
+                    if state.last_seq != expected_seq:
+                        raise ConcurrencyConflict(thread_id, expected_seq)
+                stamped = [
+                    e.model_copy(
+                        update={"thread_id": thread_id, "seq": expected_seq + i, "created_at": now}
+                    )
+                    for i, e in enumerate(events, start=1)
+                ]
+                new_state = reduce(stamped, state)
+                await self._move_thread_txn(conn, thread_id, expected_seq, new_state, now)
+                await conn.execute(EVENTS.insert(), [mapper.to_row(e) for e in stamped])
+                if new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY:
+                    await self._snapshot_txn(conn, new_state)
+        except IntegrityError as exc:
+            # A unique index caught a writer our guarded UPDATE could not (first events
+            # of a thread racing on SQLite, a dedupe key racing): the caller re-reads.
+            raise ConcurrencyConflict(thread_id, expected_seq) from exc
+        return Appended(events=stamped, state=new_state)
+
+    async def append(
+        self,
+        thread_id: str,
+        expected_seq: int,
+        events: Sequence[Event],
+        *,
+        state: ThreadState | None = None,
+        now: datetime | None = None,
+    ) -> Appended:
+        """DESIGN's ``append(thread_id, expected_seq, events)``: ``insert_events``."""
+        return await self.insert_events(thread_id, events, expected_seq, state=state, now=now)
+
+    async def _move_thread_txn(
+        self,
+        conn: AsyncConnection,
+        thread_id: str,
+        expected_seq: int,
+        state: ThreadState,
+        now: datetime,
+    ) -> None:
+        update = (
+            THREADS.update()
+            .where(THREADS.c.id == thread_id, THREADS.c.last_seq == expected_seq)
+            .values(
+                last_seq=state.last_seq,
+                status=state.status,
+                wake_at=state.wake_at,
+                requester=state.requester,
+                updated_at=now,
+            )
+        )
+        result = await conn.execute(update)
+        if result.rowcount == 1:
+            return
+        exists = await conn.execute(sa.select(THREADS.c.id).where(THREADS.c.id == thread_id))
+        if exists.first() is None:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        raise ConcurrencyConflict(thread_id, expected_seq)
+
+    async def _snapshot_txn(self, conn: AsyncConnection, state: ThreadState) -> None:
+        values = {"thread_id": state.thread_id, "seq": state.last_seq}
+        body = state.model_dump_json()
+        stmt = self._insert(SNAPSHOTS).values(**values, state=body)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[SNAPSHOTS.c.thread_id], set_={"seq": state.last_seq, "state": body}
+        )
+        await conn.execute(stmt)
+
+    def _insert(self, table: sa.Table) -> Any:
+        dialect = postgresql if self.config.dialect == "postgresql" else sqlite
+        return dialect.insert(table)
+
+    # --- timers and leases ----------------------------------------------------------
+
+    async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
+        """Move a waiting thread's next look (a poll that found the job still running)."""
+        update = (
+            THREADS.update()
+            .where(THREADS.c.id == thread_id, THREADS.c.last_seq == expected_seq)
+            .values(wake_at=wake_at)
+        )
+        async with self.engine.begin() as conn:
+            return (await conn.execute(update)).rowcount == 1
+
+    async def acquire_lease(
+        self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
+    ) -> bool:
+        """Take the thread for ``ttl`` seconds unless another owner holds a live lease."""
+        now = now or utcnow()
+        free = sa.or_(
+            THREADS.c.lease_owner.is_(None),
+            THREADS.c.lease_owner == owner,
+            THREADS.c.lease_expires_at < now,
+        )
+        update = (
+            THREADS.update()
+            .where(THREADS.c.id == thread_id, free)
+            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl))
+        )
+        async with self.engine.begin() as conn:
+            return (await conn.execute(update)).rowcount == 1
+
+    async def renew_lease(
+        self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
+    ) -> bool:
+        now = now or utcnow()
+        update = (
+            THREADS.update()
+            .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
+            .values(lease_expires_at=now + timedelta(seconds=ttl))
+        )
+        async with self.engine.begin() as conn:
+            return (await conn.execute(update)).rowcount == 1
+
+    async def release_lease(self, thread_id: str, owner: str) -> None:
+        update = (
+            THREADS.update()
+            .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(update)
+
+    async def due_threads(self, now: datetime | None = None, limit: int = 100) -> list[str]:
+        """Threads with work and no live lease: timers due, or runnable and unowned."""
+        now = now or utcnow()
+        unleased = sa.or_(THREADS.c.lease_owner.is_(None), THREADS.c.lease_expires_at < now)
+        timed = sa.and_(THREADS.c.status.in_(TIMED_STATUSES), THREADS.c.wake_at <= now)
+        query = (
+            sa.select(THREADS.c.id)
+            .where(unleased, sa.or_(THREADS.c.status == "running", timed))
+            .order_by(THREADS.c.updated_at)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(query)).scalars())
+
+    async def next_wake_at(self) -> datetime | None:
+        query = sa.select(sa.func.min(THREADS.c.wake_at)).where(
+            THREADS.c.status.in_(TIMED_STATUSES)
+        )
+        async with self.engine.connect() as conn:
+            value = (await conn.execute(query)).scalar_one_or_none()
+        return mapper_dt(value)
+
+
+def mapper_dt(value: Any) -> datetime | None:
+    """``min()`` bypasses the column type on SQLite; normalise what comes back."""
+    from datetime import UTC
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def dump_state(state: ThreadState) -> dict[str, Any]:
+    return json.loads(state.model_dump_json())
+
+
+_TABLES = [THREADS, EVENTS, SNAPSHOTS]

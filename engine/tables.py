@@ -1,0 +1,60 @@
+"""SQLModel tables. A row is not an event: ``engine.mapper`` converts between them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from engine.db import UTCDateTime
+
+
+class ThreadRow(SQLModel, table=True):
+    __tablename__ = "threads"
+    __table_args__ = (
+        sa.UniqueConstraint("team", "channel", "root_ts", name="uq_threads_slack_key"),
+        sa.Index("ix_threads_status_wake", "status", "wake_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)
+    team: str = Field(max_length=64)
+    channel: str = Field(max_length=64)
+    root_ts: str = Field(max_length=64)
+    requester: str | None = Field(default=None, max_length=64)
+    status: str = Field(default="new", max_length=32)
+    last_seq: int = 0
+    wake_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    __table_args__ = (sa.UniqueConstraint("thread_id", "dedupe_key", name="uq_events_dedupe"),)
+
+    thread_id: str = Field(primary_key=True, foreign_key="threads.id", max_length=64)
+    seq: int = Field(primary_key=True)
+    event_id: str = Field(unique=True, max_length=64)
+    type: str = Field(max_length=64)
+    actor: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    dedupe_key: str | None = Field(default=None, max_length=255)
+    payload: str = Field(sa_type=sa.Text)
+
+
+class SnapshotRow(SQLModel, table=True):
+    """The reduced state at ``seq``, so loading a long thread reads only the tail."""
+
+    __tablename__ = "snapshots"
+
+    thread_id: str = Field(primary_key=True, foreign_key="threads.id", max_length=64)
+    seq: int
+    state: str = Field(sa_type=sa.Text)
+
+
+THREADS: sa.Table = ThreadRow.__table__  # type: ignore[attr-defined]
+EVENTS: sa.Table = EventRow.__table__  # type: ignore[attr-defined]
+SNAPSHOTS: sa.Table = SnapshotRow.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,94 @@
+"""search_docs ranks Markdown lines deterministically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools import ToolContext
+from tools.builtin.docs import SearchDocsArgs, score_line, search_docs
+
+CTX = ToolContext(thread_id="t", tool_call_id="c", idempotency_key="k", attempt=1)
+
+
+@pytest.fixture
+def docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "docs"
+    (root / "runbooks").mkdir(parents=True)
+    (root / "runbooks" / "refunds.md").write_text(
+        "# Refund runbook\n"
+        "\n"
+        "Refunds over $500 need approval.\n"
+        "Use the refund tool with the order id.\n"
+    )
+    (root / "faq.md").write_text("# FAQ\n\nHow do I issue a refund?\nAsk finance.\n")
+    (root / "other.md").write_text("# Deploys\n\nNothing relevant here.\n")
+    (root / "notes.txt").write_text("refund refund refund refund\n")  # not Markdown
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "x.md").write_text("refund refund refund refund\n")
+    monkeypatch.setenv("OPSLOOP_DOCS_DIR", str(root))
+    return root
+
+
+def test_score_line_prefers_headings_and_coverage() -> None:
+    terms = ["refund", "approval"]
+    assert score_line("nothing here", terms) == 0.0
+    plain = score_line("refund", terms)
+    heading = score_line("# refund", terms)
+    both = score_line("refund approval", terms)
+    assert heading > plain and both > plain
+
+
+@pytest.mark.asyncio
+async def test_ranking_and_shape(docs: Path) -> None:
+    out = await search_docs(SearchDocsArgs(query="Refund approval", limit=10), CTX)
+    assert out["query"] == "Refund approval"
+    assert "note" not in out
+    results = out["results"]
+    # score = term hits + share of query terms matched (+1 per matched term on a heading)
+    assert [(r["file"], r["line"], r["score"]) for r in results] == [
+        ("runbooks/refunds.md", 3, 3.0),  # both terms: 1 + 1 + 1.0
+        ("runbooks/refunds.md", 1, 2.5),  # heading: 1 + 0.5 + 1
+        ("faq.md", 3, 1.5),  # tie at 1.5 broken by file, then line
+        ("runbooks/refunds.md", 4, 1.5),
+    ]
+    assert "Refunds over $500" in results[0]["snippet"]
+    assert results[1]["snippet"].startswith("# Refund runbook")
+    assert all(not r["file"].startswith(".") for r in results)
+    scores = [r["score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.asyncio
+async def test_limit_and_snippet_length(docs: Path) -> None:
+    (docs / "long.md").write_text("refund " + "x" * 1000 + "\n")
+    out = await search_docs.run(SearchDocsArgs(query="refund", limit=2), CTX)
+    assert len(out["results"]) == 2
+    full = await search_docs.run(SearchDocsArgs(query="refund", limit=20), CTX)
+    long_hit = next(r for r in full["results"] if r["file"] == "long.md")
+    assert len(long_hit["snippet"]) <= 300
+
+
+@pytest.mark.asyncio
+async def test_missing_folder_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSLOOP_DOCS_DIR", str(tmp_path / "nope"))
+    out = await search_docs(SearchDocsArgs(query="refund"), CTX)
+    assert out["results"] == []
+    assert "does not exist" in out["note"]
+
+
+@pytest.mark.asyncio
+async def test_default_folder_is_cwd_docs(docs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPSLOOP_DOCS_DIR")
+    monkeypatch.chdir(docs.parent)
+    out = await search_docs(SearchDocsArgs(query="finance"), CTX)
+    assert [(r["file"], r["line"]) for r in out["results"]] == [("faq.md", 4)]
+
+
+def test_args_bounds() -> None:
+    with pytest.raises(ValueError):
+        SearchDocsArgs(query="")
+    with pytest.raises(ValueError):
+        SearchDocsArgs(query="x", limit=21)
+    assert search_docs.input_schema()["required"] == ["query"]

@@ -1,0 +1,155 @@
+"""create_ticket: idempotent inserts into a SQLite tickets table."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tools import RetryableToolError, ToolContext
+from tools.builtin import tickets
+from tools.builtin._dburl import to_async_url
+from tools.builtin.tickets import (
+    CreateTicketArgs,
+    create_ticket,
+    dispose_ticket_engines,
+    tickets_url,
+)
+
+
+def ctx(key: str, requester: str | None = "U123") -> ToolContext:
+    return ToolContext(
+        thread_id="thread-1",
+        tool_call_id="call-1",
+        idempotency_key=key,
+        attempt=1,
+        requester=requester,
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "tickets.db"
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{path}")
+    return path
+
+
+def rows(path: Path) -> list[tuple]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(
+            "SELECT id, idempotency_key, thread_id, title, body, priority, requester"
+            " FROM tickets ORDER BY id"
+        ).fetchall()
+
+
+@pytest.mark.asyncio
+async def test_same_key_creates_one_ticket(db: Path) -> None:
+    args = CreateTicketArgs(title="Printer on fire", body="3rd floor", priority="urgent")
+    try:
+        first = await create_ticket(args, ctx("key-1"))
+        again = await create_ticket(CreateTicketArgs(title="changed"), ctx("key-1"))
+    finally:
+        await dispose_ticket_engines()
+    assert first == {
+        "ticket": "TCK-1",
+        "title": "Printer on fire",
+        "priority": "urgent",
+        "created": True,
+    }
+    assert again == {**first, "created": False}  # the stored ticket, not the new args
+    assert rows(db) == [(1, "key-1", "thread-1", "Printer on fire", "3rd floor", "urgent", "U123")]
+
+
+@pytest.mark.asyncio
+async def test_different_keys_create_two_tickets(db: Path) -> None:
+    try:
+        a = await create_ticket(CreateTicketArgs(title="A"), ctx("a", requester=None))
+        b = await create_ticket(CreateTicketArgs(title="B", priority="low"), ctx("b"))
+    finally:
+        await dispose_ticket_engines()
+    assert (a["ticket"], a["created"]) == ("TCK-1", True)
+    assert (b["ticket"], b["priority"], b["created"]) == ("TCK-2", "low", True)
+    assert [(r[1], r[3], r[6]) for r in rows(db)] == [("a", "A", None), ("b", "B", "U123")]
+
+
+@pytest.mark.asyncio
+async def test_concurrent_same_key_inserts_once(db: Path) -> None:
+    args = CreateTicketArgs(title="Race")
+    try:
+        results = await asyncio.gather(*(create_ticket(args, ctx("race")) for _ in range(5)))
+    finally:
+        await dispose_ticket_engines()
+    assert sorted(r["created"] for r in results) == [False] * 4 + [True]
+    assert {r["ticket"] for r in results} == {"TCK-1"}
+    assert len(rows(db)) == 1
+
+
+@pytest.mark.asyncio
+async def test_unique_violation_falls_back_to_existing(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    try:
+        await create_ticket(CreateTicketArgs(title="Original"), ctx("dup"))
+        real_find = tickets._find
+        calls = 0
+
+        async def stale_find(engine, key):  # first lookup misses, as in a lost race
+            nonlocal calls
+            calls += 1
+            return None if calls == 1 else await real_find(engine, key)
+
+        monkeypatch.setattr(tickets, "_find", stale_find)
+        out = await create_ticket(CreateTicketArgs(title="Retry"), ctx("dup"))
+    finally:
+        await dispose_ticket_engines()
+    assert calls == 2
+    assert out == {"ticket": "TCK-1", "title": "Original", "priority": "normal", "created": False}
+    assert len(rows(db)) == 1
+
+
+@pytest.mark.asyncio
+async def test_unreachable_database_is_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path}/missing/dir/t.db")
+    try:
+        with pytest.raises(RetryableToolError, match="ticket database unavailable"):
+            await create_ticket(CreateTicketArgs(title="x"), ctx("k"))
+    finally:
+        await dispose_ticket_engines()
+
+
+def test_url_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPSLOOP_TICKETS_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert tickets_url() == "sqlite:///opsloop.db"
+    monkeypatch.setenv("DATABASE_URL", "postgres://u@h/db")
+    assert tickets_url() == "postgres://u@h/db"
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", "sqlite:///t.db")
+    assert tickets_url() == "sqlite:///t.db"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("sqlite:///a.db", "sqlite+aiosqlite:///a.db"),
+        ("sqlite+aiosqlite:////abs/a.db", "sqlite+aiosqlite:////abs/a.db"),
+        ("postgresql://u:p@h:5432/db", "postgresql+asyncpg://u:p@h:5432/db"),
+        ("postgres://u@h/db", "postgresql+asyncpg://u@h/db"),
+        ("postgresql+asyncpg://u@h/db", "postgresql+asyncpg://u@h/db"),
+    ],
+)
+def test_to_async_url(given: str, expected: str) -> None:
+    assert to_async_url(given) == expected
+
+
+def test_args_validation() -> None:
+    with pytest.raises(ValueError):
+        CreateTicketArgs(title="")
+    with pytest.raises(ValueError):
+        CreateTicketArgs(title="x" * 201)
+    with pytest.raises(ValueError):
+        CreateTicketArgs(title="x", priority="critical")
+    assert create_ticket.policy == "approve_before_run"

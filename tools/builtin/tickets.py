@@ -1,0 +1,169 @@
+"""create_ticket: an idempotent ticket insert into a SQL ``tickets`` table."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+
+from tools.builtin._dburl import to_async_url
+from tools.context import ToolContext
+from tools.errors import RetryableToolError, ToolError
+from tools.registry import tool
+
+if TYPE_CHECKING:  # imported lazily: sqlalchemy.ext.asyncio needs greenlet
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+DEFAULT_URL = "sqlite:///opsloop.db"
+
+metadata = sa.MetaData()
+tickets = sa.Table(
+    "tickets",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("idempotency_key", sa.String(255), nullable=False, unique=True),
+    sa.Column("thread_id", sa.String(255), nullable=False),
+    sa.Column("title", sa.String(200), nullable=False),
+    sa.Column("body", sa.Text, nullable=False, default=""),
+    sa.Column("priority", sa.String(16), nullable=False),
+    sa.Column("requester", sa.String(255), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+class CreateTicketArgs(BaseModel):
+    """Arguments for create_ticket."""
+
+    model_config = ConfigDict(str_strip_whitespace=True)
+
+    title: str = Field(min_length=1, max_length=200, description="One-line summary.")
+    body: str = Field(default="", description="Details, steps, links.")
+    priority: Literal["low", "normal", "high", "urgent"] = "normal"
+
+
+def tickets_url() -> str:
+    """OPSLOOP_TICKETS_URL, else DATABASE_URL, else a local SQLite file."""
+    return os.environ.get("OPSLOOP_TICKETS_URL") or os.environ.get("DATABASE_URL") or DEFAULT_URL
+
+
+@dataclass
+class _Cached:
+    engine: AsyncEngine
+    loop: asyncio.AbstractEventLoop
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ready: bool = False
+
+
+_ENGINES: dict[str, _Cached] = {}
+
+
+def _create_engine(async_url: str) -> AsyncEngine:
+    try:
+        from sqlalchemy.ext.asyncio import create_async_engine
+    except ImportError as exc:
+        raise ToolError(
+            "create_ticket needs SQLAlchemy's asyncio support: pip install 'sqlalchemy[asyncio]'"
+        ) from exc
+    return create_async_engine(async_url)
+
+
+async def _engine_for(url: str) -> AsyncEngine:
+    """One engine per URL (and event loop), with the table created once."""
+    async_url = to_async_url(url)
+    loop = asyncio.get_running_loop()
+    cached = _ENGINES.get(async_url)
+    if cached is not None and cached.loop is not loop:
+        # Engine bound to another (likely closed) loop: drop its pool unawaited.
+        cached.engine.sync_engine.dispose(close=False)
+        cached = None
+    if cached is None:
+        cached = _Cached(engine=_create_engine(async_url), loop=loop)
+        _ENGINES[async_url] = cached
+    if not cached.ready:
+        async with cached.lock:
+            if not cached.ready:
+                async with cached.engine.begin() as conn:
+                    await conn.run_sync(metadata.create_all)
+                cached.ready = True
+    return cached.engine
+
+
+async def dispose_ticket_engines() -> None:
+    """Close every cached engine (for tests and shutdown)."""
+    cached = list(_ENGINES.values())
+    _ENGINES.clear()
+    loop = asyncio.get_running_loop()
+    for entry in cached:
+        if entry.loop is loop:
+            await entry.engine.dispose()
+        else:
+            entry.engine.sync_engine.dispose(close=False)
+
+
+async def _find(engine: AsyncEngine, key: str) -> sa.Row | None:
+    async with engine.connect() as conn:
+        result = await conn.execute(sa.select(tickets).where(tickets.c.idempotency_key == key))
+        return result.first()
+
+
+def _result(row: sa.Row, created: bool) -> dict:
+    return {
+        "ticket": f"TCK-{row.id}",
+        "title": row.title,
+        "priority": row.priority,
+        "created": created,
+    }
+
+
+async def insert_ticket(url: str, args: CreateTicketArgs, ctx: ToolContext) -> dict:
+    """Insert once per idempotency key; return the existing row on repeats."""
+    engine = await _engine_for(url)
+    key = ctx.idempotency_key
+    row = await _find(engine, key)
+    if row is not None:
+        return _result(row, created=False)
+    values = {
+        "idempotency_key": key,
+        "thread_id": ctx.thread_id,
+        "title": args.title,
+        "body": args.body,
+        "priority": args.priority,
+        "requester": ctx.requester,
+        "created_at": datetime.now(UTC),
+    }
+    try:
+        async with engine.begin() as conn:
+            result = await conn.execute(sa.insert(tickets).values(**values))
+            new_id = result.inserted_primary_key[0]
+    except IntegrityError:
+        row = await _find(engine, key)  # lost a race with a concurrent retry
+        if row is None:
+            raise
+        return _result(row, created=False)
+    return {
+        "ticket": f"TCK-{new_id}",
+        "title": args.title,
+        "priority": args.priority,
+        "created": True,
+    }
+
+
+@tool(policy="approve_before_run")
+async def create_ticket(args: CreateTicketArgs, ctx: ToolContext) -> dict:
+    """Open a ticket in the team's ticket queue.
+
+    Give a short title, an optional body with details, and a priority
+    (low, normal, high or urgent). Returns the ticket id, e.g. TCK-42.
+    """
+    try:
+        return await insert_ticket(tickets_url(), args, ctx)
+    except (OperationalError, InterfaceError, OSError) as exc:
+        raise RetryableToolError(
+            f"ticket database unavailable: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from exc

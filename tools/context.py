@@ -1,0 +1,21 @@
+"""Per-call context handed to every tool function by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool knows about the call it is serving.
+
+    ``idempotency_key`` is stable across retries and restarts of the same
+    tool call, so side-effecting tools should use it to deduplicate work.
+    ``attempt`` starts at 1 and grows each time the engine retries the call.
+    """
+
+    thread_id: str
+    tool_call_id: str
+    idempotency_key: str
+    attempt: int
+    requester: str | None = None
