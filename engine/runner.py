@@ -27,7 +27,6 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from engine import events as ev
-from engine import faults
 from engine.context import PROJECTION_VERSION, project
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
@@ -163,7 +162,6 @@ class _Turn:
         appended = await self.r.store.append(
             self.thread_id, self.state.last_seq, batch, state=self.state, now=self.r.clock()
         )
-        faults.hit("append")
         assert appended.state is not None
         self.events.extend(appended.events)
         self.state = appended.state

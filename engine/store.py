@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlmodel import SQLModel
 
-from engine import mapper
+from engine import faults, mapper
 from engine.db import DatabaseConfig, create_engine, parse_database_url
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
@@ -278,6 +278,7 @@ class Store:
             # A unique index caught a writer our guarded UPDATE could not (first events
             # of a thread racing on SQLite, a dedupe key racing): the caller re-reads.
             raise ConcurrencyConflict(thread_id, expected_seq) from exc
+        faults.hit("append")  # crash tests: die right after a commit
         return Appended(events=stamped, state=new_state)
 
     async def append(

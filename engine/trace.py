@@ -1,0 +1,267 @@
+"""Reading a thread's log as people and scripts want it: one line or one record per event.
+
+``summarize`` gives a short one-line summary of an event, ``trace_line`` the aligned
+human line (``seq  time  actor  type  summary``), ``trace_record`` the flat JSON object
+of ``opsloop trace --json``, ``usage_totals`` the model tokens a log spent.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from engine import events as ev
+
+SUMMARY_WIDTH = 80
+EXCERPT_WIDTH = 60
+ENVELOPE_FIELDS = ("thread_id", "seq", "event_id", "type", "created_at", "actor")
+USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+# Column widths of ``trace_line``; longer values push the line, never cut it.
+SEQ_WIDTH = 4
+ACTOR_WIDTH = 11  # a Slack user id: U + 10
+TYPE_WIDTH = max(len(t) for t in ev.EVENT_TYPES)
+
+
+# --- formatting helpers ---------------------------------------------------------------
+
+
+def one_line(text: str, width: int = SUMMARY_WIDTH) -> str:
+    """``text`` on one line (whitespace collapsed), cut to ``width`` with an ellipsis."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= width:
+        return flat
+    return flat[: max(width - 1, 0)].rstrip() + "…"
+
+
+def excerpt(value: Any, width: int = EXCERPT_WIDTH) -> str:
+    """Compact JSON of ``value``, cut to ``width``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    except ValueError:  # a circular structure: no JSON, but still a summary
+        text = repr(value)
+    return one_line(text, width)
+
+
+def iso(when: datetime) -> str:
+    """ISO 8601 in UTC with a ``Z``, full precision (as the JSON of an event has it)."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def iso_seconds(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _at(when: datetime, ref: datetime) -> str:
+    """``HH:MM:SS`` (UTC) when on the day of ``ref``, else the date too."""
+    when, ref = when.astimezone(UTC), ref.astimezone(UTC)
+    if when.date() == ref.date():
+        return when.strftime("%H:%M:%S")
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _reason(reason: str) -> str:
+    return f": {one_line(reason, EXCERPT_WIDTH)}" if reason else ""
+
+
+# --- one summary per event type -------------------------------------------------------
+
+
+def _user_message(e: ev.UserMessage) -> str:
+    return one_line(e.text)
+
+
+def _clarification_answered(e: ev.ClarificationAnswered) -> str:
+    return f"answer to {e.tool_call_id}: {one_line(e.text, EXCERPT_WIDTH)}"
+
+
+def _thread_cancelled(e: ev.ThreadCancelled) -> str:
+    return "cancelled" + _reason(e.reason)
+
+
+def _model_decision(e: ev.ModelDecision) -> str:
+    if e.tool_name == ev.CLARIFICATION_TOOL:
+        question = (e.arguments or {}).get("question", "")
+        text = f"clarify: {one_line(str(question), EXCERPT_WIDTH)}"
+    elif e.tool_name:
+        text = f"tool {e.tool_name} {excerpt(e.arguments or {})}"
+    else:
+        text = f"final: {one_line(e.text, EXCERPT_WIDTH)}"
+    if e.stop_reason not in (None, "end_turn", "tool_use"):
+        text += f" [stop={e.stop_reason}]"
+    return text
+
+
+def _decision_rejected(e: ev.DecisionRejected) -> str:
+    call = f" {e.tool_call_id}" if e.tool_call_id else ""
+    return f"rejected{call}: {one_line(e.reason, EXCERPT_WIDTH)}"
+
+
+def _final_answer(e: ev.FinalAnswer) -> str:
+    return one_line(e.text)
+
+
+def _clarification_requested(e: ev.ClarificationRequested) -> str:
+    return f"asks: {one_line(e.question, EXCERPT_WIDTH)}"
+
+
+def _tool_call_requested(e: ev.ToolCallRequested) -> str:
+    return f"{e.intent}({excerpt(e.arguments)}) policy={e.policy}"
+
+
+def _approval_requested(e: ev.ApprovalRequested) -> str:
+    return f"approval of {e.tool_call_id} until {_at(e.expires_at, e.created_at)}" + _reason(
+        e.reason
+    )
+
+
+def _approval_granted(e: ev.ApprovalGranted) -> str:
+    return f"approved {e.tool_call_id}"
+
+
+def _approval_rejected(e: ev.ApprovalRejected) -> str:
+    return f"rejected {e.tool_call_id}" + _reason(e.reason)
+
+
+def _approval_refused(e: ev.ApprovalRefused) -> str:
+    return f"refused to {e.decision} {e.tool_call_id}" + _reason(e.reason)
+
+
+def _approval_expired(e: ev.ApprovalExpired) -> str:
+    return f"approval of {e.tool_call_id} expired"
+
+
+def _tool_started(e: ev.ToolStarted) -> str:
+    return f"{e.tool_call_id} attempt {e.attempt}"
+
+
+def _tool_result(e: ev.ToolResult) -> str:
+    if e.ok:
+        return f"ok: {excerpt(e.output)}"
+    return f"error: {one_line(e.error or 'failed', EXCERPT_WIDTH)}"
+
+
+def _retry_scheduled(e: ev.RetryScheduled) -> str:
+    what = e.tool_call_id or "model"
+    err = one_line(e.error, EXCERPT_WIDTH)
+    return f"attempt {e.attempt} failed: {err}; retry at {_at(e.wake_at, e.created_at)} ({what})"
+
+
+def _wait_started(e: ev.WaitStarted) -> str:
+    return (
+        f"wait {e.wait_id}: {one_line(e.description, 40)}; "
+        f"timeout {_at(e.timeout_at, e.created_at)}"
+    )
+
+
+def _wait_finished(e: ev.WaitFinished) -> str:
+    return f"wait {e.wait_id} finished: {excerpt(e.result)}"
+
+
+def _wait_timed_out(e: ev.WaitTimedOut) -> str:
+    return f"wait {e.wait_id} timed out"
+
+
+def _error(e: ev.ErrorRaised) -> str:
+    return f"{e.kind}: {one_line(e.message, EXCERPT_WIDTH)}"
+
+
+def _message_posted(e: ev.MessagePosted) -> str:
+    where = "/".join(p for p in (e.channel, e.ts) if p)
+    return f"posted {e.shows_event_id}" + (f" at {where}" if where else "")
+
+
+_SUMMARIES: dict[str, Callable[[Any], str]] = {
+    "user_message": _user_message,
+    "clarification_answered": _clarification_answered,
+    "thread_cancelled": _thread_cancelled,
+    "model_decision": _model_decision,
+    "decision_rejected": _decision_rejected,
+    "final_answer": _final_answer,
+    "clarification_requested": _clarification_requested,
+    "tool_call_requested": _tool_call_requested,
+    "approval_requested": _approval_requested,
+    "approval_granted": _approval_granted,
+    "approval_rejected": _approval_rejected,
+    "approval_refused": _approval_refused,
+    "approval_expired": _approval_expired,
+    "tool_started": _tool_started,
+    "tool_result": _tool_result,
+    "retry_scheduled": _retry_scheduled,
+    "wait_started": _wait_started,
+    "wait_finished": _wait_finished,
+    "wait_timed_out": _wait_timed_out,
+    "error": _error,
+    "message_posted": _message_posted,
+}
+
+
+def summarize(event: ev.Event) -> str:
+    """A short, one-line human summary of ``event``."""
+    fn = _SUMMARIES.get(event.type)
+    if fn is None:  # a type this module does not know yet: show its payload
+        return excerpt(_payload(event), SUMMARY_WIDTH)
+    return one_line(fn(event), SUMMARY_WIDTH * 2)
+
+
+def trace_line(event: ev.Event) -> str:
+    """``seq  time  actor  type  summary`` with aligned columns."""
+    return (
+        f"{event.seq:>{SEQ_WIDTH}}  {iso_seconds(event.created_at)}  "
+        f"{event.actor:<{ACTOR_WIDTH}}  {event.type:<{TYPE_WIDTH}}  {summarize(event)}"
+    ).rstrip()
+
+
+def _payload(event: ev.Event) -> dict[str, Any]:
+    data = event.model_dump(mode="json")
+    for name in ENVELOPE_FIELDS:
+        data.pop(name, None)
+    if data.get("dedupe_key") is None:
+        data.pop("dedupe_key", None)
+    return data
+
+
+def trace_record(event: ev.Event) -> dict[str, Any]:
+    """The flat JSON object of ``trace --json``: the envelope, then the payload fields."""
+    data = event.model_dump(mode="json")
+    record: dict[str, Any] = {
+        "seq": event.seq,
+        "event_id": event.event_id,
+        "type": event.type,
+        "created_at": data["created_at"],
+        "actor": event.actor,
+    }
+    record.update(_payload(event))
+    return record
+
+
+def usage_totals(events: Iterable[ev.Event]) -> dict[str, int]:
+    """Tokens spent by the model decisions in ``events`` (and how many there were)."""
+    totals = dict.fromkeys(("model_decisions", *USAGE_FIELDS), 0)
+    for e in events:
+        if isinstance(e, ev.ModelDecision):
+            totals["model_decisions"] += 1
+            for name in USAGE_FIELDS:
+                totals[name] += getattr(e.usage, name)
+    return totals
+
+
+def format_usage(totals: dict[str, int]) -> str | None:
+    """The usage line of the human trace; None when no token was counted."""
+    if not any(totals.get(name, 0) for name in USAGE_FIELDS):
+        return None
+    n = totals.get("model_decisions", 0)
+    return (
+        f"usage: {n} model decision{'s' if n != 1 else ''}, "
+        f"input {totals['input_tokens']}, output {totals['output_tokens']}, "
+        f"cache read {totals['cache_read_input_tokens']}, "
+        f"cache write {totals['cache_creation_input_tokens']} tokens"
+    )

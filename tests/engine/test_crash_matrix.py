@@ -1,0 +1,104 @@
+"""Crash matrix: SIGKILL a real process at every boundary; a fresh one finishes.
+
+For every kill point, on SQLite and PostgreSQL: the log is legal, each input appears
+once, each side effect happened once (counted outside the process), one final answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.state import reduce
+from engine.store import Store
+from tests.support import crash_child
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = ROOT / "tests" / "support" / "crash_child.py"
+# Commits of one undisturbed run: message, lookup decision+start, lookup result,
+# deploy decision+approval request, approval, deploy start, deploy result, answer.
+COMMITS = 8
+KILL_POINTS = [f"append:{k}" for k in range(1, COMMITS + 1)] + ["tool_effect:1", "tool_effect:2"]
+
+pytestmark = pytest.mark.slow
+
+
+def run_child(db_url: str, effects: Path, faults: str | None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DATABASE_URL": db_url, "EFFECTS_DIR": str(effects)}
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("OPSLOOP_FAULTS", None)
+    if faults:
+        env["OPSLOOP_FAULTS"] = faults
+    return subprocess.run(
+        [sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+async def test_an_undisturbed_run_makes_exactly_the_commits_the_matrix_kills_after(
+    db_url, tmp_path
+):
+    done = run_child(db_url, tmp_path, None)
+    assert done.returncode == 0, done.stderr
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        assert info.last_seq > 0
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    # One transaction per boundary: the count of kill points covers each of them.
+    commits = {e.created_at for e in events}  # a batch shares its commit time
+    assert len(commits) == COMMITS
+    assert [e.type for e in events][-1] == "final_answer"
+
+
+@pytest.mark.parametrize("kill_at", KILL_POINTS)
+async def test_sigkill_at_each_boundary_then_a_fresh_process_finishes(db_url, tmp_path, kill_at):
+    first = run_child(db_url, tmp_path, kill_at)
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
+
+    second = run_child(db_url, tmp_path, None)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.strip() == "idle"
+
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        events = await store.select_events(info.id)
+        loaded = await store.load(info.id)
+    finally:
+        await store.close()
+
+    # The log is legal: it folds from scratch, seqs 1..n without gaps.
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    state = reduce(events)
+    assert state.status == "idle" == loaded.status == info.status
+    types = Counter(e.type for e in events)
+    assert types["user_message"] == 1
+    assert types["approval_granted"] == 1
+    assert types["final_answer"] == 1
+    assert types["tool_call_requested"] == 2
+    assert types["tool_result"] == 2
+
+    # Each side effect happened once, whatever number of invocations it took.
+    effects = Counter(line.split()[0] for line in lines(tmp_path / "effects.log"))
+    assert effects == Counter({"lookup": 1, "deploy": 1})
+    invoked = lines(tmp_path / "invocations.log")
+    keys = {line.split()[1] for line in invoked}
+    assert len(keys) == 2  # one idempotency key per call, on every attempt
+    if kill_at.startswith("tool_effect"):
+        assert len(invoked) == 3  # the killed attempt ran again, with the same key
+
+
+def test_child_script_matches_the_matrix():
+    assert len(crash_child.SCRIPT) == 3

@@ -1,0 +1,122 @@
+"""A child process for crash tests: drives one scripted thread to its end.
+
+Run as ``python tests/support/crash_child.py`` with DATABASE_URL, EFFECTS_DIR and
+optionally OPSLOOP_FAULTS (engine/faults.py) to SIGKILL itself at a boundary. Every
+input it sends carries a dedupe key, so a re-run continues instead of starting over.
+
+Side effects are counted outside the process: ``invocations.log`` gets a line per tool
+invocation, ``effects.log`` a line per effect actually made (the tools are idempotent by
+their idempotency key, as a real target system would be).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from engine import faults
+from engine.inputs import decide_approval, post_user_message
+from engine.models.scripted import ScriptedModel, call, say
+from engine.policy import ApproverPolicy
+from engine.runner import Runner, RunnerConfig
+from engine.store import Store, ThreadKey
+from tools import ToolContext, ToolRegistry, tool
+
+EFFECTS = Path(os.environ.get("EFFECTS_DIR", "."))
+KEY = ThreadKey("T_CRASH", "C_CRASH", "1700000000.000100")
+REGISTRY = ToolRegistry()
+
+
+class LookupArgs(BaseModel):
+    q: str
+
+
+class DeployArgs(BaseModel):
+    service: str
+
+
+def _append_line(name: str, line: str) -> None:
+    with open(EFFECTS / name, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _effect_once(kind: str, ctx: ToolContext) -> None:
+    """The target system: makes the effect unless this idempotency key was seen."""
+    _append_line("invocations.log", f"{kind} {ctx.idempotency_key} {ctx.attempt}")
+    path = EFFECTS / "effects.log"
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        if any(line.split()[1] == ctx.idempotency_key for line in f if line.strip()):
+            return
+        f.write(f"{kind} {ctx.idempotency_key}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    faults.hit("tool_effect")  # die between the effect and its tool_result
+
+
+@tool(registry=REGISTRY)
+async def lookup(args: LookupArgs, ctx: ToolContext) -> dict:
+    """Look up the status of a service."""
+    _effect_once("lookup", ctx)
+    return {"status": "green", "q": args.q}
+
+
+@tool(policy="approve_before_run", registry=REGISTRY)
+async def deploy(args: DeployArgs, ctx: ToolContext) -> dict:
+    """Deploy a service."""
+    _effect_once("deploy", ctx)
+    return {"deployed": args.service, "version": 42}
+
+
+SCRIPT = [call("lookup", q="api"), call("deploy", service="api"), say("api is deployed")]
+
+
+async def drive(store: Store, runner: Runner, deadline: float) -> str:
+    posted = await post_user_message(
+        store, KEY, text="deploy api please", user="U_ALICE", dedupe_key="Ev-1"
+    )
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        state = await runner.run(posted.thread_id)
+        if state is None:  # a dead process still holds the lease until it expires
+            await asyncio.sleep(0.1)
+            continue
+        if state.status == "awaiting_approval" and state.pending is not None:
+            await decide_approval(
+                store,
+                posted.thread_id,
+                tool_call_id=state.pending.tool_call_id,
+                reviewer="U_BOB",
+                decision="approve",
+                policy=ApproverPolicy(),
+                dedupe_key="click-1",
+            )
+            continue
+        if state.status in ("idle", "failed", "cancelled"):
+            return state.status
+        await asyncio.sleep(0.05)
+    return "timeout"
+
+
+async def main() -> int:
+    store = await Store.open(os.environ["DATABASE_URL"])
+    lease = float(os.environ.get("LEASE_SECONDS", "1.0"))
+    runner = Runner(store, ScriptedModel(SCRIPT), REGISTRY, RunnerConfig(lease_ttl_s=lease))
+    try:
+        status = await drive(store, runner, asyncio.get_running_loop().time() + 60)
+    finally:
+        await store.close()
+    print(status)
+    return 0 if status == "idle" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
