@@ -130,6 +130,10 @@ class Scheduler:
             self.dispatcher.kick(thread_id)
         return due
 
+    async def _wake(self, thread_id: str) -> None:
+        # A coroutine job runs on the event loop; a plain function would run in a thread.
+        self.dispatcher.kick(thread_id)
+
     async def after_run(self, thread_id: str) -> None:
         """Set a precise wake-up for a timer due before the next sweep would see it."""
         try:
@@ -141,7 +145,7 @@ class Scheduler:
         if info.wake_at - self.clock() > timedelta(seconds=self.interval * 2):
             return  # the sweep will see it in time
         self._aps.add_job(
-            self.dispatcher.kick,
+            self._wake,
             "date",
             run_date=info.wake_at,
             args=[thread_id],

@@ -20,13 +20,14 @@ def say(text: str) -> Decision:
     return Decision(text=text, stop_reason="end_turn")
 
 
-def call(name: str, call_id: str | None = None, text: str = "", **arguments: Any) -> Step:
-    """A tool use; without ``call_id`` the id is derived from the turn (stable on replay)."""
+def call(tool_name: str, /, *, _id: str | None = None, _text: str = "", **arguments: Any) -> Step:
+    """A tool use with ``arguments``; ``_text`` is what the model says beside it. Without
+    ``_id`` the id is derived from the turn, so a replay after a restart gets the same."""
 
     def step(prompt: Prompt) -> Decision:
-        cid = call_id or f"toolu_{assistant_turns(prompt):04d}"
-        use = ToolUse(id=cid, name=name, input=dict(arguments))
-        return Decision(text=text, tool_use=use, stop_reason="tool_use")
+        cid = _id or f"toolu_{assistant_turns(prompt):04d}"
+        use = ToolUse(id=cid, name=tool_name, input=dict(arguments))
+        return Decision(text=_text, tool_use=use, stop_reason="tool_use")
 
     return step
 

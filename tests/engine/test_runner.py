@@ -1,0 +1,331 @@
+"""The runner's four classes and its failure paths, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from pydantic import BaseModel
+
+from engine.inputs import decide_approval, finish_wait, post_user_message
+from engine.models.scripted import ask, call, say
+from engine.policy import ApproverPolicy
+from engine.runner import Runner, RunnerConfig
+from engine.store import Store, ThreadKey
+from tests.support.fakes import FakeClock, RecordingModel
+from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor, tool
+
+
+class Args(BaseModel):
+    name: str
+
+
+def make_tools(effects: Counter) -> ToolRegistry:
+    reg = ToolRegistry()
+
+    @tool(registry=reg)
+    async def lookup(args: Args, ctx: ToolContext) -> dict:
+        """Look something up."""
+        effects["lookup"] += 1
+        return {"found": args.name}
+
+    @tool(policy="approve_before_run", registry=reg)
+    async def deploy(args: Args, ctx: ToolContext) -> dict:
+        """Deploy a service."""
+        effects["deploy"] += 1
+        return {"deployed": args.name}
+
+    @tool(registry=reg)
+    async def flaky(args: Args, ctx: ToolContext) -> dict:
+        """Fails twice, then works."""
+        effects[f"flaky:{ctx.attempt}"] += 1
+        if ctx.attempt < 3:
+            raise RetryableToolError("upstream 503")
+        return {"ok": ctx.attempt}
+
+    @tool(registry=reg)
+    async def broken(args: Args, ctx: ToolContext) -> dict:
+        """Always raises."""
+        raise ValueError("disk on fire")
+
+    @tool(policy="wait_for_external_event", registry=reg)
+    async def train(args: Args, ctx: ToolContext) -> WaitFor:
+        """Start a training job and wait for it."""
+        effects["train"] += 1
+        return WaitFor(
+            f"training {args.name}", data={"job": args.name}, timeout_s=60, poll_every_s=5
+        )
+
+    @train.poller
+    async def check(data: dict, ctx: ToolContext) -> dict | None:
+        effects["poll"] += 1
+        return {"job": data["job"], "accuracy": 0.9} if effects["poll"] >= 2 else None
+
+    return reg
+
+
+KEY = ThreadKey("T1", "C1", "1700000000.000100")
+
+
+async def start(store: Store, text: str = "please help") -> str:
+    return (
+        await post_user_message(store, KEY, text=text, user="U_ALICE", dedupe_key="m1")
+    ).thread_id
+
+
+async def types_of(store: Store, thread_id: str) -> list[str]:
+    return [e.type for e in await store.select_events(thread_id)]
+
+
+async def test_run_now_tool_result_reaches_the_model(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("lookup", name="db"), say("db found")])
+    tid = await start(store)
+    state = await Runner(store, model, make_tools(effects)).run(tid)
+    assert state.status == "idle"
+    assert effects["lookup"] == 1
+    assert '"found": "db"' in model.last_prompt_text()
+    assert await types_of(store, tid) == [
+        "user_message", "model_decision", "tool_call_requested", "tool_started",
+        "tool_result", "model_decision", "final_answer",
+    ]  # fmt: skip
+
+
+async def test_rejection_with_reason_is_seen_by_the_model_and_nothing_runs(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("deploy", name="api"), say("ok, not deploying")])
+    tid = await start(store)
+    runner = Runner(store, model, make_tools(effects))
+    state = await runner.run(tid)
+    assert state.status == "awaiting_approval"
+    res = await decide_approval(
+        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
+        decision="reject", reason="freeze until Monday", policy=ApproverPolicy(),
+    )  # fmt: skip
+    assert res.event.type == "approval_rejected"
+    state = await runner.run(tid)
+    assert state.status == "idle"
+    assert effects["deploy"] == 0
+    text = model.last_prompt_text()
+    assert "U_BOB rejected this call: freeze until Monday" in text
+    assert '"is_error": true' in text
+
+
+async def test_approval_expires_and_the_model_learns_it(store):
+    clock = FakeClock()
+    effects: Counter = Counter()
+    model = RecordingModel([call("deploy", name="api"), say("nobody approved")])
+    cfg = RunnerConfig(approval_ttl_s=60)
+    runner = Runner(store, model, make_tools(effects), cfg, clock=clock)
+    tid = await start(store)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_approval"
+    assert (await store.get_thread(tid)).wake_at == state.pending.expires_at
+    clock.advance(30)
+    assert (await runner.run(tid)).status == "awaiting_approval"
+    assert await store.due_threads(clock()) == []
+    clock.advance(31)
+    assert await store.due_threads(clock()) == [tid]
+    state = await runner.run(tid)
+    assert state.status == "idle"
+    assert "approval_expired" in await types_of(store, tid)
+    assert "Nobody approved this call in time." in model.last_prompt_text()
+    assert effects["deploy"] == 0
+
+
+async def test_retryable_error_backs_off_with_attempts_from_the_log(store):
+    clock = FakeClock()
+    effects: Counter = Counter()
+    model = RecordingModel([call("flaky", name="x"), say("worked")])
+    cfg = RunnerConfig(retry_base_s=10)
+    tid = await start(store)
+    state = await Runner(store, model, make_tools(effects), cfg, clock=clock).run(tid)
+    assert state.status == "sleeping"
+    assert state.wake_at == clock.now.replace() + (state.wake_at - clock.now)
+    assert (state.wake_at - clock.now).total_seconds() == 10
+    # A new runner (a restart) learns the attempt number from the log.
+    clock.advance(10)
+    state = await Runner(store, model, make_tools(effects), cfg, clock=clock).run(tid)
+    assert state.status == "sleeping"
+    assert (state.wake_at - clock.now).total_seconds() == 20
+    clock.advance(20)
+    state = await Runner(store, model, make_tools(effects), cfg, clock=clock).run(tid)
+    assert state.status == "idle"
+    assert effects == Counter({"flaky:1": 1, "flaky:2": 1, "flaky:3": 1})
+    events = await store.select_events(tid)
+    assert [e.attempt for e in events if e.type == "retry_scheduled"] == [1, 2]
+
+
+async def test_retry_budget_spent_gives_an_error_result(store):
+    clock = FakeClock()
+    effects: Counter = Counter()
+    model = RecordingModel([call("flaky", name="x"), say("gave up")])
+    cfg = RunnerConfig(retry_base_s=1, max_tool_attempts=2)
+    runner = Runner(store, model, make_tools(effects), cfg, clock=clock)
+    tid = await start(store)
+    await runner.run(tid)
+    clock.advance(1)
+    state = await runner.run(tid)
+    assert state.status == "idle"
+    assert "gave up after 2 attempts" in model.last_prompt_text()
+
+
+async def test_a_tool_that_raises_gives_an_error_result_the_model_sees(store):
+    model = RecordingModel([call("broken", name="x"), say("sorry")])
+    tid = await start(store)
+    state = await Runner(store, model, make_tools(Counter())).run(tid)
+    assert state.status == "idle"
+    assert "Tool failed: ValueError: disk on fire" in model.last_prompt_text()
+
+
+async def test_consecutive_rejections_fail_the_thread_and_a_reply_resumes_it(store):
+    model = RecordingModel(
+        [call("nope", name="x"), call("lookup", wrong=1), call("nope", name="y"), say("back")]
+    )
+    tid = await start(store)
+    runner = Runner(store, model, make_tools(Counter()), RunnerConfig(max_rejections=3))
+    state = await runner.run(tid)
+    assert state.status == "failed"
+    events = await store.select_events(tid)
+    assert [e.type for e in events].count("decision_rejected") == 3
+    assert events[-1].type == "error" and "3 invalid decisions" in events[-1].message
+    assert "unknown tool 'nope'" in model.last_prompt_text()
+    await post_user_message(store, KEY, text="try again", user="U_ALICE", dedupe_key="m2")
+    assert (await runner.run(tid)).status == "idle"
+
+
+async def test_clarification_is_answered_by_the_next_reply(store):
+    model = RecordingModel([ask("Which environment?"), say("staging it is")])
+    tid = await start(store)
+    runner = Runner(store, model, make_tools(Counter()))
+    state = await runner.run(tid)
+    assert state.status == "awaiting_reply"
+    assert state.question.question == "Which environment?"
+    reply = await post_user_message(store, KEY, text="staging", user="U_ALICE", dedupe_key="m2")
+    assert reply.event.type == "clarification_answered"
+    assert (await runner.run(tid)).status == "idle"
+    assert "[U_ALICE] staging" in model.last_prompt_text()
+
+
+async def test_wait_polls_until_done(store):
+    clock = FakeClock()
+    effects: Counter = Counter()
+    model = RecordingModel([call("train", name="m1"), say("trained")])
+    runner = Runner(store, model, make_tools(effects), clock=clock)
+    tid = await start(store)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_job"
+    assert (state.wake_at - clock.now).total_seconds() == 5
+    clock.advance(5)
+    assert (await runner.run(tid)).status == "awaiting_job"  # first poll: not yet
+    assert effects["poll"] == 1
+    wake = (await store.get_thread(tid)).wake_at
+    assert (wake - clock.now).total_seconds() == 5
+    clock.advance(5)
+    assert (await runner.run(tid)).status == "idle"
+    assert effects["train"] == 1 and effects["poll"] == 2
+    assert '"accuracy": 0.9' in model.last_prompt_text()
+
+
+async def test_wait_times_out_and_webhook_finishes_another(store):
+    clock = FakeClock()
+    effects: Counter = Counter({"poll": -100})  # the poller never reports done
+    model = RecordingModel([call("train", name="m1"), say("timed out")])
+    runner = Runner(store, model, make_tools(effects), clock=clock)
+    tid = await start(store)
+    state = await runner.run(tid)
+    wait_id = state.pending.wait.wait_id
+    clock.advance(61)
+    assert (await runner.run(tid)).status == "idle"
+    assert "wait_timed_out" in await types_of(store, tid)
+    refused = await finish_wait(store, tid, wait_id=wait_id, result={"late": True})
+    assert refused.reason.startswith("no open wait")
+
+
+async def test_webhook_finishes_a_wait(store):
+    effects: Counter = Counter({"poll": -100})
+    model = RecordingModel([call("train", name="m1"), say("done")])
+    runner = Runner(store, model, make_tools(effects))
+    tid = await start(store)
+    state = await runner.run(tid)
+    done = await finish_wait(
+        store, tid, wait_id=state.pending.wait.wait_id, result={"accuracy": 1}, dedupe_key="h1"
+    )
+    assert done.event.type == "wait_finished"
+    again = await finish_wait(
+        store, tid, wait_id=state.pending.wait.wait_id, result={"accuracy": 1}, dedupe_key="h1"
+    )
+    assert again.deduplicated
+    assert (await runner.run(tid)).status == "idle"
+
+
+async def test_step_budget_stops_a_model_that_never_ends(store):
+    model = RecordingModel([call("lookup", name=str(i)) for i in range(10)])
+    tid = await start(store)
+    state = await Runner(
+        store, model, make_tools(Counter()), RunnerConfig(max_decisions_per_input=4)
+    ).run(tid)
+    assert state.status == "failed"
+    assert (await store.select_events(tid))[-1].kind == "step_budget"
+
+
+async def test_a_message_arriving_mid_model_call_is_seen_by_the_next_decision(db_url):
+    store = await Store.open(db_url)
+    front = await Store.open(db_url)  # another process's connection pool
+    try:
+        gate = asyncio.Event()
+        model = RecordingModel([say("first"), say("answer with both")], gate=gate)
+        tid = await start(store)
+        task = asyncio.create_task(Runner(store, model, make_tools(Counter())).run(tid))
+        await model.entered.wait()
+        await post_user_message(front, KEY, text="also check prod", user="U_ALICE", dedupe_key="m2")
+        gate.set()
+        state = await task
+        assert state.status == "idle"
+        events = await store.select_events(tid)
+        types = [e.type for e in events]
+        assert types.count("user_message") == 2
+        # The in-flight decision was dropped at the conflict; the next one saw the message.
+        assert types.count("model_decision") == 1
+        assert len(model.prompts) == 2
+        assert "also check prod" in model.last_prompt_text()
+    finally:
+        await store.close()
+        await front.close()
+
+
+async def test_two_runners_on_one_thread_only_one_proceeds(db_url):
+    a, b = await Store.open(db_url), await Store.open(db_url)
+    try:
+        effects: Counter = Counter()
+        gate = asyncio.Event()
+        model = RecordingModel([call("lookup", name="x"), say("done")], gate=gate)
+        tid = await start(a)
+        first = asyncio.create_task(Runner(a, model, make_tools(effects), owner="w1").run(tid))
+        await model.entered.wait()
+        second = await Runner(b, model, make_tools(effects), owner="w2").run(tid)
+        assert second is None  # the lease is held
+        gate.set()
+        assert (await first).status == "idle"
+        assert effects["lookup"] == 1
+        events = await a.select_events(tid)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_approval_outcome_runs_the_tool_only_when_approved(store, decision):
+    effects: Counter = Counter()
+    model = RecordingModel([call("deploy", name="api"), say("done")])
+    runner = Runner(store, model, make_tools(effects))
+    tid = await start(store)
+    state = await runner.run(tid)
+    await decide_approval(
+        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
+        decision=decision, policy=ApproverPolicy(),
+    )  # fmt: skip
+    await runner.run(tid)
+    assert effects["deploy"] == (1 if decision == "approve" else 0)
