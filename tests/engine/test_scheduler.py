@@ -12,13 +12,13 @@ from engine.runner import Runner, RunnerConfig
 from engine.scheduler import Dispatcher, Worker
 from engine.store import Store, ThreadKey
 from tests.engine.test_crash_matrix import lines, run_child
-from tests.support import crash_child
 from tests.engine.test_runner import make_tools
+from tests.support import crash_child
 
 
-async def wait_for_status(store: Store, thread_id: str, status: str, timeout: float = 20) -> None:
+async def wait_for_status(store: Store, thread_id: str, status: str, within: float = 20) -> None:
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + within
     while loop.time() < end:
         if (await store.get_thread(thread_id)).status == status:
             return
