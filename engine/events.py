@@ -288,5 +288,10 @@ def parse_event(data: dict[str, Any]) -> AnyEvent:
 
 def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "type"
+    loc = list(err["loc"])
+    if loc and loc[0] == data.get("type"):  # the union's tag leads the location
+        loc = loc[1:]
+    where = ".".join(str(p) for p in loc) or "type"
+    if err["type"] == "union_tag_invalid":
+        return f"unknown event type {data.get('type')!r}"
     return f"invalid {data.get('type', 'event')!r} event: field {where!r}: {err['msg']}"

@@ -89,11 +89,6 @@ class ApproverPolicy:
     approvers: frozenset[str] = frozenset()
     allow_self: bool = False
 
-    @classmethod
-    def parse(cls, approvers: str | None, allow_self: str | None) -> ApproverPolicy:
-        ids = frozenset(a.strip() for a in (approvers or "").split(",") if a.strip())
-        return cls(ids, (allow_self or "").strip().lower() in ("1", "true", "yes", "on"))
-
     @property
     def groups(self) -> frozenset[str]:
         return frozenset(a for a in self.approvers if a.startswith("S"))

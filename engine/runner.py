@@ -54,13 +54,9 @@ class RunnerConfig:
 
     @classmethod
     def from_env(cls) -> RunnerConfig:
-        env = os.environ
-        return cls(
-            lease_ttl_s=float(env.get("OPSLOOP_LEASE_SECONDS", cls.lease_ttl_s)),
-            approval_ttl_s=float(env.get("OPSLOOP_APPROVAL_TTL_SECONDS", cls.approval_ttl_s)),
-            max_rejections=int(env.get("OPSLOOP_MAX_REJECTIONS", cls.max_rejections)),
-            max_tool_attempts=int(env.get("OPSLOOP_MAX_TOOL_ATTEMPTS", cls.max_tool_attempts)),
-        )
+        from engine.config import runner_config  # config builds on this module
+
+        return runner_config(os.environ)
 
     def backoff(self, attempt: int) -> float:
         """Exponential backoff for the retry after failed attempt ``attempt`` (1-based)."""

@@ -12,7 +12,6 @@ never a gap or a duplicate seq.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -397,29 +396,6 @@ class Store:
         )
         async with self.engine.connect() as conn:
             return list((await conn.execute(query)).scalars())
-
-    async def next_wake_at(self) -> datetime | None:
-        query = sa.select(sa.func.min(THREADS.c.wake_at)).where(
-            THREADS.c.status.in_(TIMED_STATUSES)
-        )
-        async with self.engine.connect() as conn:
-            value = (await conn.execute(query)).scalar_one_or_none()
-        return mapper_dt(value)
-
-
-def mapper_dt(value: Any) -> datetime | None:
-    """``min()`` bypasses the column type on SQLite; normalise what comes back."""
-    from datetime import UTC
-
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def dump_state(state: ThreadState) -> dict[str, Any]:
-    return json.loads(state.model_dump_json())
 
 
 _TABLES = [THREADS, EVENTS, SNAPSHOTS]

@@ -6,12 +6,14 @@ once, each side effect happened once (counted outside the process), one final an
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -102,3 +104,35 @@ async def test_sigkill_at_each_boundary_then_a_fresh_process_finishes(db_url, tm
 
 def test_child_script_matches_the_matrix():
     assert len(crash_child.SCRIPT) == 3
+
+
+async def test_two_processes_driving_one_thread_at_once_never_double_anything(db_url, tmp_path):
+    env = {**os.environ, "DATABASE_URL": db_url, "EFFECTS_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("OPSLOOP_FAULTS", None)
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, str(CHILD), env=env, stdout=PIPE, stderr=PIPE
+        )
+        for _ in range(2)
+    ]
+    async with asyncio.timeout(90):
+        outputs = await asyncio.gather(*(p.communicate() for p in procs))
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outputs]
+
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    types = Counter(e.type for e in events)
+    assert types["user_message"] == 1  # both posted it; the dedupe key kept one
+    assert types["model_decision"] == 3  # no decision was taken twice
+    assert types["approval_granted"] == 1
+    assert types["final_answer"] == 1
+    # No tool ran twice: one invocation per call, no retries needed.
+    assert Counter(line.split()[0] for line in lines(tmp_path / "invocations.log")) == Counter(
+        {"lookup": 1, "deploy": 1}
+    )
