@@ -95,7 +95,8 @@ class _Conversation:
 
     def answer(self, call_id: str | None, content: str, *, error: bool = False) -> None:
         if call_id is None or call_id != self.open_call:
-            self.say(content)
+            # No tool_use awaits it (a late result after a cancel, say): plain words.
+            self.say(content if call_id is None else f"[result of {call_id}] {content}")
             return
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id, "content": content}
         if error:
@@ -104,11 +105,20 @@ class _Conversation:
         self.add("user", [result, *self.parked])
         self.parked = []
 
+    def close_or_say(self, note: str) -> None:
+        """A note that ends the open tool_use if there is one, else plain words."""
+        if self.open_call is not None:
+            self.answer(self.open_call, note, error=True)
+        else:
+            self.say(note)
 
-def _json(value: Any) -> str:
+
+def _json(value: Any, source: ev.Event) -> str:
+    """A result as JSON; a large one is cut, pointing at the event that holds it all."""
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
     if len(text) > MAX_RESULT_CHARS:
-        return text[:MAX_RESULT_CHARS] + f"… [{len(text)} chars; elided]"
+        where = f"event {source.event_id} (seq {source.seq})"
+        return text[:MAX_RESULT_CHARS] + f"… [{len(text)} chars; elided, full output in {where}]"
     return text
 
 
@@ -140,21 +150,19 @@ def _project_event(conv: _Conversation, e: ev.Event) -> None:
             conv.answer(e.tool_call_id, "Nobody approved this call in time.", error=True)
         case ev.ToolResult():
             if e.ok:
-                conv.answer(e.tool_call_id, _json(e.output))
+                conv.answer(e.tool_call_id, _json(e.output, e))
             else:
                 conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True)
         case ev.WaitFinished():
-            conv.answer(e.tool_call_id, _json(e.result))
+            conv.answer(e.tool_call_id, _json(e.result, e))
         case ev.WaitTimedOut():
             conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
         case ev.ClarificationAnswered():
             conv.answer(e.tool_call_id, f"[{e.actor}] {e.text}")
         case ev.ThreadCancelled():
-            conv.answer(conv.open_call, f"Cancelled by {e.actor}.", error=True)
-            conv.say(f"[system] {e.actor} cancelled this thread. {e.reason}".strip())
+            conv.close_or_say(f"[system] {e.actor} cancelled this thread. {e.reason}".strip())
         case ev.ErrorRaised():
-            conv.answer(conv.open_call, f"Error: {e.message}", error=True)
-            conv.say(f"[system] error: {e.message}")
+            conv.close_or_say(f"[system] error: {e.message}")
         case _:
             pass  # approvals asked, posts, refusals, retries: not the model's business
 

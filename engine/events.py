@@ -280,6 +280,8 @@ INPUT_TYPES = frozenset(
 
 def parse_event(data: dict[str, Any]) -> AnyEvent:
     """Validate a dict into its typed event; the error names the first bad field."""
+    if not isinstance(data, dict):
+        raise InvalidEvent(f"an event is a JSON object, not {type(data).__name__}")
     try:
         return EVENT_ADAPTER.validate_python(data)
     except ValidationError as exc:

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from engine import events as ev
 from engine.errors import ConcurrencyConflict, ThreadNotFound
+from engine.events import utcnow
 from engine.policy import ApproverPolicy
 from engine.state import ThreadState
 from engine.store import Store, ThreadKey
@@ -92,6 +93,8 @@ async def answer_clarification(
     store: Store, thread_id: str, *, text: str, user: str, dedupe_key: str | None = None
 ) -> Accepted | Refused:
     async def once() -> Accepted | Refused:
+        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
+            return Accepted(thread_id, seen, deduplicated=True)
         state = await store.load(thread_id)
         if state.status != "awaiting_reply" or state.question is None:
             return Refused(thread_id, "the thread is not waiting for an answer")
@@ -115,6 +118,7 @@ async def decide_approval(
     arguments_hash: str | None = None,
     reviewer_groups: Iterable[str] = (),
     dedupe_key: str | None = None,
+    now: datetime | None = None,
 ) -> Accepted | Refused:
     """Approve or reject the pending call ``tool_call_id``.
 
@@ -130,7 +134,7 @@ async def decide_approval(
                 return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
             return Accepted(thread_id, seen, deduplicated=True)
         state = await store.load(thread_id)
-        why = await _why_not(store, state, tool_call_id, arguments_hash)
+        why = await _why_not(store, state, tool_call_id, arguments_hash, now or utcnow())
         if why is None:
             why = policy.check(decision, reviewer, state.requester, groups)
         if why is not None:
@@ -158,12 +162,15 @@ async def decide_approval(
 
 
 async def _why_not(
-    store: Store, state: ThreadState, tool_call_id: str, args_hash: str | None
+    store: Store, state: ThreadState, tool_call_id: str, args_hash: str | None, now: datetime
 ) -> str | None:
     call = state.pending
     if call is not None and call.tool_call_id == tool_call_id and call.phase == "awaiting_approval":
         if args_hash is not None and args_hash != call.arguments_hash:
             return "this card is out of date: the call's arguments differ"
+        if call.expires_at is not None and call.expires_at <= now:
+            # The scheduler has not written approval_expired yet; the deadline stands.
+            return f"the approval expired at {_hhmm(call.expires_at)} UTC"
         return None
     return await describe_closed_call(store, state.thread_id, tool_call_id)
 

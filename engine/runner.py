@@ -368,12 +368,7 @@ class _Turn:
                 return
             except ConcurrencyConflict:
                 await self._reload()
-                now = self.state.pending
-                if (
-                    now is None
-                    or now.tool_call_id != call.tool_call_id
-                    or now.attempt != call.attempt
-                ):
+                if not _still_open(self.state, call):
                     log.warning(
                         "dropping outcome of a call no longer pending thread_id=%s tool_call_id=%s",
                         self.thread_id,
@@ -432,3 +427,15 @@ class _Turn:
         wake = min(wait.timeout_at, self.r.clock() + timedelta(seconds=max(every, 0.05)))
         await self.r.store.set_wake_at(self.thread_id, self.state.last_seq, wake)
         return False
+
+
+def _still_open(state: ThreadState, call: PendingCall) -> bool:
+    """Whether the outcome of ``call``'s current attempt may still be recorded."""
+    for open_call in (state.pending, state.orphan):
+        if (
+            open_call is not None
+            and open_call.tool_call_id == call.tool_call_id
+            and open_call.attempt == call.attempt
+        ):
+            return True
+    return False

@@ -77,6 +77,9 @@ class ThreadState(_Frozen):
     # must follow; holds the decision's tool_call_id ("" when it proposed no tool).
     open_decision: str | None = None
     pending: PendingCall | None = None
+    # A call that was mid-run when the thread was cancelled or failed: never run again,
+    # but the result of its side effect may still arrive and must be recordable.
+    orphan: PendingCall | None = None
     question: ev.ClarificationRequested | None = None
     consecutive_rejections: int = 0
     decisions_since_input: int = 0
@@ -157,10 +160,21 @@ def _clarification_answered(s: ThreadState, e: ev.ClarificationAnswered) -> dict
     return {"status": "running", "question": None, "decisions_since_input": 0}
 
 
+def _orphaned(s: ThreadState) -> PendingCall | None:
+    if s.pending is not None and s.pending.phase == "started":
+        return s.pending
+    return s.orphan
+
+
 def _thread_cancelled(s: ThreadState, e: ev.ThreadCancelled) -> dict[str, Any]:
     _require(s.status not in ("new", "cancelled"), e, s, "nothing to cancel")
-    keep = s.pending if s.pending is not None and s.pending.phase == "started" else None
-    return {"status": "cancelled", "pending": keep, "question": None, "open_decision": None}
+    return {
+        "status": "cancelled",
+        "pending": None,
+        "orphan": _orphaned(s),
+        "question": None,
+        "open_decision": None,
+    }
 
 
 def _model_decision(s: ThreadState, e: ev.ModelDecision) -> dict[str, Any]:
@@ -171,6 +185,7 @@ def _model_decision(s: ThreadState, e: ev.ModelDecision) -> dict[str, Any]:
         "status": "running",
         "open_decision": e.tool_call_id or "",
         "decisions_since_input": s.decisions_since_input + 1,
+        "model_attempt": 0,
         "model_retry_at": None,
     }
 
@@ -242,6 +257,9 @@ def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
 
 
 def _tool_result(s: ThreadState, e: ev.ToolResult) -> dict[str, Any]:
+    late = s.orphan
+    if late is not None and late.tool_call_id == e.tool_call_id and late.attempt == e.attempt:
+        return {"orphan": None}
     call = _pending(s, e, e.tool_call_id, "started")
     _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
     return {"pending": None}
@@ -286,8 +304,13 @@ def _wait_closed(s: ThreadState, e: ev.WaitFinished | ev.WaitTimedOut) -> dict[s
 
 def _error(s: ThreadState, e: ev.ErrorRaised) -> dict[str, Any]:
     _require(s.status not in ("new", "cancelled"), e, s, "the thread is not active")
-    keep = s.pending if s.pending is not None and s.pending.phase == "started" else None
-    return {"status": "failed", "open_decision": None, "pending": keep, "question": None}
+    return {
+        "status": "failed",
+        "open_decision": None,
+        "pending": None,
+        "orphan": _orphaned(s),
+        "question": None,
+    }
 
 
 def _no_change(s: ThreadState, e: ev.Event) -> dict[str, Any]:

@@ -101,6 +101,12 @@ class Store:
     async def create_tables(self) -> None:
         try:
             async with self.engine.begin() as conn:
+                if self.config.dialect == "postgresql":
+                    # CREATE … IF NOT EXISTS races between processes starting together.
+                    await conn.execute(sa.text("SELECT pg_advisory_xact_lock(7270010001)"))
+                if self.config.schema:
+                    name = self.config.schema.replace('"', '""')
+                    await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
                 await conn.run_sync(SQLModel.metadata.create_all, tables=_TABLES)
         except (OperationalError, DBAPIError, OSError) as exc:
             raise self._unavailable(exc) from exc
@@ -171,6 +177,9 @@ class Store:
             rows = (await conn.execute(query)).all()
         if not rows:
             raise ThreadNotFound(f"no thread {ref!r}")
+        if len(rows) > 1:  # the same channel id and ts in two workspaces
+            ids = ", ".join(sorted(r.id for r in rows))
+            raise ThreadNotFound(f"{ref!r} is ambiguous (threads {ids}): use the thread id")
         return ThreadInfo(**rows[0]._asdict())
 
     async def list_threads(self, status: str | None = None, limit: int = 1000) -> list[ThreadInfo]:

@@ -118,7 +118,7 @@ async def test_two_processes_driving_one_thread_at_once_never_double_anything(db
     ]
     async with asyncio.timeout(90):
         outputs = await asyncio.gather(*(p.communicate() for p in procs))
-    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outputs]
+    assert [p.returncode for p in procs] == [0, 0], [err.decode()[-3000:] for _, err in outputs]
 
     store = await Store.open(db_url)
     try:

@@ -1,0 +1,400 @@
+"""The ``opsloop`` command: serve the bot, list threads, read a thread's log.
+
+    opsloop serve                    HTTP: POST /slack/events, GET /healthz
+    opsloop socket | local           (later versions)
+    opsloop threads [--status S] [--json]
+    opsloop trace THREAD [--json]    THREAD: a thread id or CHANNEL/THREAD_TS
+
+A bad setting or an unreachable database is one line on stderr and exit status 2, never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, get_args
+
+from engine.config import Settings, load_settings
+from engine.db import database_url_from_env
+from engine.errors import ConfigError, EngineError, ThreadNotFound
+from engine.models.base import Decision
+from engine.models.scripted import ScriptedModel, say
+from engine.state import Status
+from engine.store import Store, ThreadInfo
+from engine.trace import format_usage, iso, trace_line, trace_record, usage_totals
+from tools import REGISTRY, ToolLoadError, load_tools
+
+if TYPE_CHECKING:  # aiohttp and the engine's loop load only for `serve`: a quick CLI
+    from aiohttp import web
+
+log = logging.getLogger("opsloop.cli")
+
+PROG = "opsloop"
+EXIT_USAGE = 2
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 3000
+SHUTDOWN_TIMEOUT_S = 20.0
+UNCONFIGURED_MODEL_TEXT = "opsloop's model adapter is not configured yet"
+SECRET_VARS = (
+    "SLACK_BOT_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "SLACK_APP_TOKEN",
+    "ANTHROPIC_API_KEY",
+)
+STATUSES: tuple[str, ...] = get_args(Status)
+
+
+class CliError(Exception):
+    """A one-line complaint about how the command was called or configured."""
+
+
+def _say_error(message: str) -> None:
+    print(" ".join(str(message).split()), file=sys.stderr)
+
+
+# --- logging ------------------------------------------------------------------------
+
+
+def _logfmt_value(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\\n\r\t'):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``time=… level=… logger=… msg=…`` on one line; secrets from the env are masked."""
+
+    def __init__(self, secrets: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if len(s) >= 4]
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created, UTC)
+        parts = {
+            "time": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            parts["exc"] = self.formatException(record.exc_info)
+        line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in parts.items())
+        for secret in self.secrets:
+            line = line.replace(secret, "***")
+        return line
+
+
+def configure_logging(level: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    secrets = [os.environ.get(name, "") for name in SECRET_VARS]
+    handler.setFormatter(KeyValueFormatter(secrets))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # APScheduler logs every run of the one-second sweep at INFO: keep its warnings only.
+    logging.getLogger("apscheduler").setLevel(max(level, logging.WARNING))
+
+
+# --- the store ----------------------------------------------------------------------
+
+
+async def _open_store() -> Store:
+    # Store.open creates missing tables (harmless), so a fresh SQLite file just works.
+    return await Store.open(database_url_from_env(), pool_size=2)
+
+
+# --- threads ------------------------------------------------------------------------
+
+
+def thread_record(info: ThreadInfo) -> dict[str, Any]:
+    return {
+        "thread_id": info.id,
+        "team": info.team,
+        "channel": info.channel,
+        "thread_ts": info.root_ts,
+        "requester": info.requester,
+        "status": info.status,
+        "last_seq": info.last_seq,
+        "updated_at": iso(info.updated_at),
+    }
+
+
+def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+async def _threads(args: argparse.Namespace) -> int:
+    store = await _open_store()
+    try:
+        infos = await store.list_threads(status=args.status)
+    finally:
+        await store.close()
+    if args.json:
+        for info in infos:
+            print(json.dumps(thread_record(info), ensure_ascii=False))
+        return 0
+    if not infos:
+        return 0
+    rows = [["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "UPDATED"]]
+    for info in infos:
+        updated = info.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        rows.append(
+            [info.id, f"{info.channel}/{info.root_ts}", info.status, str(info.last_seq), updated]
+        )
+    for line in _table(rows, right=(3,)):
+        print(line)
+    return 0
+
+
+# --- trace --------------------------------------------------------------------------
+
+
+async def _trace(args: argparse.Namespace) -> int:
+    store = await _open_store()
+    try:
+        try:
+            info = await store.resolve_thread(args.thread)
+        except ThreadNotFound:
+            raise ThreadNotFound(f"no thread {args.thread!r}") from None
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    if args.json:
+        for event in events:
+            print(json.dumps(trace_record(event), ensure_ascii=False))
+        return 0
+    print(
+        f"thread {info.id}  {info.channel}/{info.root_ts}  status={info.status}  "
+        f"requester={info.requester or '-'}"
+    )
+    for event in events:
+        print(trace_line(event))
+    usage = format_usage(usage_totals(events))
+    if usage:
+        print(usage)
+    return 0
+
+
+# --- serve --------------------------------------------------------------------------
+
+
+class UnconfiguredModel(ScriptedModel):
+    """Until a model adapter is configured, every turn says so (and calls no tool)."""
+
+    name = "unconfigured"
+
+    def __init__(self) -> None:
+        super().__init__([say(UNCONFIGURED_MODEL_TEXT)])
+
+    async def next_step(self, prompt: Any) -> Decision:
+        self.calls += 1
+        return Decision(text=UNCONFIGURED_MODEL_TEXT, stop_reason="end_turn", model=self.name)
+
+
+async def slack_events_not_installed(_request: web.Request) -> web.Response:
+    from aiohttp import web
+
+    return web.json_response(
+        {"error": "slack front door not installed in this version"}, status=503
+    )
+
+
+def build_app(store: Store) -> web.Application:
+    """What ``serve`` listens with: the health check and the Slack events endpoint."""
+    from bot.health import make_health_app
+
+    app = make_health_app(store)
+    app.router.add_post("/slack/events", slack_events_not_installed)
+    return app
+
+
+def _listen_address() -> tuple[str, int]:
+    host = os.environ.get("OPSLOOP_HOST") or DEFAULT_HOST
+    raw = (os.environ.get("PORT") or str(DEFAULT_PORT)).strip()
+    try:
+        port = int(raw)
+    except ValueError:
+        raise CliError(f"{PROG} serve: PORT must be a number, not {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise CliError(f"{PROG} serve: PORT must be between 0 and 65535, not {port}")
+    return host, port
+
+
+def _missing_slack_settings() -> list[str]:
+    return [n for n in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET") if not os.environ.get(n)]
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not on this platform / thread
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
+
+
+async def _serve(settings: Settings, host: str, port: int) -> int:
+    from aiohttp import web
+
+    from engine.runner import Runner
+    from engine.scheduler import Worker
+
+    modules = load_tools(settings.tools)
+    store = await Store.open(settings.database_url)
+    # Logged once both worked, so a start-up failure is the one line main() prints.
+    log.info("tools loaded: %s (%d tools)", ",".join(modules), len(list(REGISTRY)))
+    log.info("database: %s", store.config.display())
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    web_runner: web.AppRunner | None = None
+    worker: Worker | None = None
+    try:
+        runner = Runner(store, UnconfiguredModel(), REGISTRY, settings.runner)
+        web_runner = web.AppRunner(build_app(store), handle_signals=False)
+        await web_runner.setup()
+        site = web.TCPSite(web_runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise CliError(
+                f"{PROG} serve: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        worker = Worker(runner, interval=settings.sweep_seconds)
+        worker.start()
+        log.info("serving on http://%s:%d (GET /healthz, POST /slack/events)", host, port)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await _shutdown(web_runner, worker, store)
+    log.info("stopped")
+    return 0
+
+
+async def _shutdown(web_runner: Any, worker: Any, store: Store) -> None:
+    """Stop taking requests, let running threads reach a boundary, close the database.
+
+    A thread still running after ``SHUTDOWN_TIMEOUT_S`` is cancelled: its log is the
+    truth, and the next process resumes it.
+    """
+    started = time.monotonic()
+    if web_runner is not None:
+        with contextlib.suppress(Exception):
+            await web_runner.cleanup()
+    if worker is not None:
+        try:
+            await asyncio.wait_for(worker.stop(), timeout=SHUTDOWN_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("threads still running after %.0fs; left to resume", SHUTDOWN_TIMEOUT_S)
+        except Exception:
+            log.exception("worker stop failed")
+    with contextlib.suppress(Exception):
+        from tools.builtin.tickets import dispose_ticket_engines
+
+        await dispose_ticket_engines()
+    await store.close()
+    log.debug("shutdown took %.2fs", time.monotonic() - started)
+
+
+def _cmd_serve(_args: argparse.Namespace) -> int:
+    missing = _missing_slack_settings()
+    if missing:
+        raise CliError(
+            f"{PROG} serve: set {' and '.join(missing)} (see README: Install in Slack)",
+        )
+    settings = load_settings()  # every setting checked before anything starts
+    host, port = _listen_address()
+    configure_logging(logging.INFO)
+    return asyncio.run(_serve(settings, host, port))
+
+
+def _cmd_later(args: argparse.Namespace) -> int:
+    raise CliError(f"{PROG} {args.command}: not available yet in this version")
+
+
+def _cmd_threads(args: argparse.Namespace) -> int:
+    return asyncio.run(_threads(args))
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    return asyncio.run(_trace(args))
+
+
+# --- main ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="opsloop: a durable chat-ops agent for Slack."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve Slack events over HTTP (and /healthz)")
+    serve.set_defaults(func=_cmd_serve)
+    for name, help_text in (
+        ("socket", "connect to Slack in Socket Mode"),
+        ("local", "run everything on this machine, no Slack account needed"),
+    ):
+        sub.add_parser(name, help=f"{help_text} (not available yet)").set_defaults(func=_cmd_later)
+
+    threads = sub.add_parser("threads", help="list threads, most recently updated first")
+    threads.add_argument("--status", choices=STATUSES, help="only threads in this status")
+    threads.add_argument("--json", action="store_true", help="one JSON object per line")
+    threads.set_defaults(func=_cmd_threads)
+
+    trace = sub.add_parser("trace", help="show a thread's event log")
+    trace.add_argument("thread", metavar="THREAD", help="a thread id or CHANNEL/THREAD_TS")
+    trace.add_argument("--json", action="store_true", help="one JSON object per event")
+    trace.set_defaults(func=_cmd_trace)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.command != "serve":
+        configure_logging(logging.WARNING)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        _say_error(str(exc))
+        return EXIT_USAGE
+    except (ConfigError, ToolLoadError, EngineError) as exc:
+        # ConfigError, StoreUnavailable, ThreadNotFound, an event that no longer parses…
+        _say_error(f"{PROG}: {exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `opsloop trace X | head`: the reader left; say nothing more.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

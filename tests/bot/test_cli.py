@@ -1,0 +1,441 @@
+"""The ``opsloop`` CLI, run as a real process against a database seeded through the Store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bot.cli import KeyValueFormatter, main
+from engine.events import Usage
+from engine.inputs import post_user_message
+from engine.models.base import Decision
+from engine.models.scripted import ScriptedModel
+from engine.runner import Runner
+from engine.store import Store, ThreadKey
+from tools import ToolRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = ThreadKey("T1", "C1", "1700000000.000100")
+OTHER = ThreadKey("T1", "C2", "1700000099.000200")
+FRESH = ThreadKey("T1", "C3", "1700000111.000300")
+SECRETS = {"SLACK_BOT_TOKEN": "xoxb-test-token-7f3a", "SLACK_SIGNING_SECRET": "sig-9b1c-secret"}
+
+
+def run_cli(
+    *args: str, db: str | None, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLACK_", "DATABASE_URL", "OPSLOOP_", "PORT"))
+    }
+    full["PYTHONPATH"] = str(ROOT)
+    if db is not None:
+        full["DATABASE_URL"] = db
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert proc.returncode == 2, proc
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    return lines[0]
+
+
+async def seed(url: str) -> dict[str, str]:
+    """Three threads: idle after a scripted answer, running (a message, no run yet), new."""
+    store = await Store.open(url)
+    try:
+        model = ScriptedModel(
+            [Decision(text="It is up.", usage=Usage(input_tokens=120, output_tokens=8))]
+        )
+        answered = await post_user_message(
+            store, KEY, text="is the api up?", user="U1", dedupe_key="Ev1"
+        )
+        state = await Runner(store, model, ToolRegistry()).run(answered.thread_id)
+        assert state is not None and state.status == "idle"
+        waiting = await post_user_message(store, OTHER, text="restart it", user="U7")
+        fresh = await store.create_thread(FRESH)
+        return {"idle": answered.thread_id, "running": waiting.thread_id, "new": fresh}
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    url = f"sqlite:///{tmp_path / 'seeded.db'}"
+    return url, asyncio.run(seed(url))
+
+
+# --- threads ------------------------------------------------------------------------
+
+
+def test_threads_json_fields_and_values(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    proc = run_cli("threads", "--json", db=url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    rows = {row["thread_id"]: row for row in json_lines(proc.stdout)}
+    assert set(rows) == set(ids.values())
+    for row in rows.values():
+        assert list(row) == [
+            "thread_id",
+            "team",
+            "channel",
+            "thread_ts",
+            "requester",
+            "status",
+            "last_seq",
+            "updated_at",
+        ]
+        assert datetime.fromisoformat(row["updated_at"]).utcoffset().total_seconds() == 0
+    idle = rows[ids["idle"]]
+    assert (idle["team"], idle["channel"], idle["thread_ts"]) == ("T1", "C1", KEY.root_ts)
+    assert (idle["requester"], idle["status"], idle["last_seq"]) == ("U1", "idle", 3)
+    running = rows[ids["running"]]
+    assert (running["requester"], running["status"], running["last_seq"]) == ("U7", "running", 1)
+    new = rows[ids["new"]]
+    assert (new["requester"], new["status"], new["last_seq"]) == (None, "new", 0)
+
+
+def test_threads_status_filter(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    for status in ("idle", "running"):
+        proc = run_cli("threads", "--status", status, "--json", db=url, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert [row["thread_id"] for row in json_lines(proc.stdout)] == [ids[status]]
+    proc = run_cli("threads", "--status", "failed", "--json", db=url, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "")
+
+
+def test_threads_human_table(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    proc = run_cli("threads", db=url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    header, *rows = proc.stdout.splitlines()
+    assert header.split() == ["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "UPDATED"]
+    assert len(rows) == 3
+    idle_row = next(r for r in rows if r.startswith(ids["idle"]))
+    assert idle_row.split()[1:4] == [f"C1/{KEY.root_ts}", "idle", "3"]
+
+
+def test_threads_on_a_fresh_database_prints_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "fresh.db"
+    proc = run_cli("threads", db=f"sqlite:///{db}", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert db.exists()
+
+
+def test_threads_default_database_is_a_file_in_the_working_directory(tmp_path: Path) -> None:
+    proc = run_cli("threads", "--json", db=None, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "")
+    assert (tmp_path / "opsloop.db").exists()
+
+
+# --- trace --------------------------------------------------------------------------
+
+
+def test_trace_json_by_id_and_by_channel_ts(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    by_id = run_cli("trace", ids["idle"], "--json", db=url, cwd=tmp_path)
+    assert by_id.returncode == 0, by_id.stderr
+    records = json_lines(by_id.stdout)
+    assert [r["seq"] for r in records] == [1, 2, 3]
+    assert [r["type"] for r in records] == ["user_message", "model_decision", "final_answer"]
+    for r in records:
+        assert list(r)[:5] == ["seq", "event_id", "type", "created_at", "actor"]
+        assert r["event_id"].startswith("evt_")
+        assert "thread_id" not in r
+        datetime.fromisoformat(r["created_at"])
+    first, decision, final = records
+    assert (first["actor"], first["text"], first["dedupe_key"]) == ("U1", "is the api up?", "Ev1")
+    assert decision["actor"] == "model"
+    assert decision["usage"]["input_tokens"] == 120
+    assert "dedupe_key" not in decision
+    assert final["text"] == "It is up."
+
+    by_key = run_cli("trace", f"C1/{KEY.root_ts}", "--json", db=url, cwd=tmp_path)
+    assert by_key.returncode == 0, by_key.stderr
+    assert json_lines(by_key.stdout) == records
+
+
+def test_trace_human_has_header_one_line_per_event_and_usage(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    proc = run_cli("trace", f"C1/{KEY.root_ts}", db=url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    header, *events, usage = proc.stdout.splitlines()
+    assert ids["idle"] in header and f"C1/{KEY.root_ts}" in header
+    assert "status=idle" in header and "requester=U1" in header
+    assert len(events) == 3
+    for seq, (line, kind) in enumerate(
+        zip(events, ["user_message", "model_decision", "final_answer"], strict=True), start=1
+    ):
+        assert line.split()[0] == str(seq)
+        assert kind in line.split()
+    assert events[0].endswith("is the api up?")
+    assert events[1].endswith("final: It is up.")
+    assert usage.startswith("usage: 1 model decision,")
+    assert "input 120" in usage and "output 8" in usage
+
+
+def test_trace_without_usage_has_no_usage_line(seeded, tmp_path: Path) -> None:
+    url, ids = seeded
+    proc = run_cli("trace", ids["running"], db=url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2  # header, user_message
+    assert "user_message" in lines[1]
+    assert not any(line.startswith("usage:") for line in lines)
+
+
+@pytest.mark.parametrize(("ref", "flags"), [("thr_nope", []), ("C9/1.2", ["--json"])])
+def test_trace_unknown_thread_is_one_line_exit_2(
+    seeded, tmp_path: Path, ref: str, flags: list[str]
+) -> None:
+    url, _ = seeded
+    proc = run_cli("trace", ref, *flags, db=url, cwd=tmp_path)
+    assert assert_one_line_error(proc) == f"opsloop: no thread {ref!r}"
+
+
+# --- bad settings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["threads", "--json"], ["trace", "thr_x"]])
+def test_bad_database_scheme_is_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+    proc = run_cli(*args, db="mysql://x", cwd=tmp_path)
+    assert_one_line_error(proc, "opsloop: ", "DATABASE_URL", "mysql")
+
+
+@pytest.mark.parametrize("args", [["threads"], ["trace", "thr_x", "--json"]])
+def test_unreachable_database_is_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+    proc = run_cli(*args, db="postgresql://postgres:hunter2@127.0.0.1:1/x", cwd=tmp_path)
+    line = assert_one_line_error(proc, "opsloop: ", "cannot reach the database", "127.0.0.1:1")
+    assert "hunter2" not in line
+
+
+def test_serve_without_slack_settings_is_one_line_exit_2(tmp_path: Path) -> None:
+    proc = run_cli("serve", db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
+    line = assert_one_line_error(proc)
+    assert line == (
+        "opsloop serve: set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (see README: Install in Slack)"
+    )
+    proc = run_cli(
+        "serve", db=None, cwd=tmp_path, env={"SLACK_BOT_TOKEN": SECRETS["SLACK_BOT_TOKEN"]}
+    )
+    line = assert_one_line_error(proc, "SLACK_SIGNING_SECRET")
+    assert "SLACK_BOT_TOKEN" not in line
+    assert not (tmp_path / "opsloop.db").exists()  # nothing was started
+
+
+def test_serve_with_a_broken_tool_module_is_one_line_exit_2(tmp_path: Path) -> None:
+    env = {**SECRETS, "OPSLOOP_TOOLS": "no_such_tools_module"}
+    proc = run_cli("serve", db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path, env=env)
+    line = assert_one_line_error(proc, "opsloop: ", "no_such_tools_module")
+    assert SECRETS["SLACK_BOT_TOKEN"] not in line
+
+
+def test_serve_with_an_unreachable_database_is_one_line_exit_2(tmp_path: Path) -> None:
+    proc = run_cli("serve", db="postgresql://postgres@127.0.0.1:1/x", cwd=tmp_path, env=SECRETS)
+    assert_one_line_error(proc, "opsloop: cannot reach the database")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PORT", "http"), ("OPSLOOP_APPROVERS", "bob"), ("OPSLOOP_LEASE_SECONDS", "soon")],
+)
+def test_serve_with_a_bad_setting_is_one_line_exit_2(tmp_path: Path, name: str, value: str) -> None:
+    proc = run_cli("serve", db=None, cwd=tmp_path, env={**SECRETS, name: value})
+    assert_one_line_error(proc, name, repr(value))
+    assert not (tmp_path / "opsloop.db").exists()  # refused before touching anything
+
+
+@pytest.mark.parametrize("command", ["socket", "local"])
+def test_later_commands_say_so(tmp_path: Path, command: str) -> None:
+    proc = run_cli(command, db=None, cwd=tmp_path)
+    assert assert_one_line_error(proc) == f"opsloop {command}: not available yet in this version"
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: opsloop" in err
+    for command in ("serve", "socket", "local", "threads", "trace"):
+        assert command in err
+
+
+# --- serve --------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method: str, url: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=3) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def _post(url: str, text: str) -> str:
+    store = await Store.open(url)
+    try:
+        return (await post_user_message(store, KEY, text=text, user="U1")).thread_id
+    finally:
+        await store.close()
+
+
+async def _final_answer(url: str, thread_id: str) -> str | None:
+    store = await Store.open(url)
+    try:
+        events = await store.select_events(thread_id)
+    finally:
+        await store.close()
+    return next((e.text for e in events if e.type == "final_answer"), None)
+
+
+@pytest.mark.slow
+def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'serve.db'}"
+    waiting = asyncio.run(_post(db, "anyone there?"))
+    port = _free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLACK_", "DATABASE_URL", "OPSLOOP_", "PORT"))
+    }
+    env.update(
+        SECRETS,
+        PYTHONPATH=str(ROOT),
+        DATABASE_URL=db,
+        OPSLOOP_HOST="127.0.0.1",
+        PORT=str(port),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "serve"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                status, body = _http("GET", f"{base}/healthz")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "serve did not answer in time"
+                time.sleep(0.1)
+        assert (status, body) == (200, {"status": "ok"})
+        assert _http("POST", f"{base}/slack/events") == (
+            503,
+            {"error": "slack front door not installed in this version"},
+        )
+        # The worker runs: the thread left waiting gets the placeholder model's answer.
+        while (answer := asyncio.run(_final_answer(db, waiting))) is None:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the worker did not run the thread"
+            time.sleep(0.2)
+        assert answer == "opsloop's model adapter is not configured yet"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines, "serve logs what it does"
+    for line in lines:
+        assert line.startswith("time=") and " level=" in line and " logger=" in line, line
+        assert " msg=" in line, line
+    assert any("msg=stopped" in line for line in lines)
+    for secret in SECRETS.values():
+        assert secret not in err
+
+
+def test_log_formatter_is_key_value_and_masks_secrets() -> None:
+    import logging
+
+    formatter = KeyValueFormatter(secrets=["xoxb-abc-123", ""])
+    record = logging.LogRecord(
+        "opsloop.test", logging.INFO, __file__, 1, 'token %s said "hi"', ("xoxb-abc-123",), None
+    )
+    line = formatter.format(record)
+    assert line.startswith("time=")
+    assert " level=INFO logger=opsloop.test msg=" in line
+    assert "xoxb-abc-123" not in line
+    assert 'msg="token *** said \\"hi\\""' in line
+    plain = logging.LogRecord("x", logging.WARNING, __file__, 1, "stopped", (), None)
+    assert formatter.format(plain).endswith("level=WARNING logger=x msg=stopped")
+
+
+# --- PostgreSQL ---------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_threads_and_trace_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    ids = asyncio.run(seed(pg_url))
+    proc = run_cli("threads", "--json", db=pg_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["thread_id"]: row for row in json_lines(proc.stdout)}
+    assert set(rows) == set(ids.values())
+    assert rows[ids["idle"]]["status"] == "idle"
+    assert rows[ids["idle"]]["last_seq"] == 3
+    proc = run_cli("threads", "--status", "running", "--json", db=pg_url, cwd=tmp_path)
+    assert [row["thread_id"] for row in json_lines(proc.stdout)] == [ids["running"]]
+    proc = run_cli("trace", f"C1/{KEY.root_ts}", "--json", db=pg_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["seq"] for r in json_lines(proc.stdout)] == [1, 2, 3]
+
+
+def test_serve_on_a_busy_port_says_so_and_exits_2(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**SECRETS, "OPSLOOP_HOST": "127.0.0.1", "PORT": str(port)}
+        proc = run_cli("serve", db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path, env=env)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"opsloop serve: cannot listen on 127.0.0.1:{port}")

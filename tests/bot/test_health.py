@@ -1,0 +1,77 @@
+"""GET /healthz (and the placeholder Slack endpoint) through aiohttp's test client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from bot import health
+from bot.cli import build_app
+from engine.db import create_engine, parse_database_url
+from engine.store import Store
+
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
+
+
+@asynccontextmanager
+async def client_for(app: web.Application) -> AsyncIterator[TestClient]:
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+async def test_healthz_ok_when_the_database_answers(sqlite_url: str) -> None:
+    store = await Store.open(sqlite_url)
+    try:
+        async with client_for(health.make_health_app(store)) as client:
+            resp = await client.get("/healthz")
+            assert resp.status == 200
+            assert await resp.json() == {"status": "ok"}
+    finally:
+        await store.close()
+
+
+async def test_healthz_503_when_the_database_is_unreachable() -> None:
+    config = parse_database_url(UNREACHABLE)
+    store = Store(create_engine(config), config)  # built without connecting
+    try:
+        async with client_for(health.make_health_app(store)) as client:
+            resp = await client.get("/healthz")
+            assert resp.status == 503
+            assert await resp.json() == {"status": "unavailable"}
+    finally:
+        await store.close()
+
+
+class _HangingStore:
+    """A database that never answers: the check must not hang with it."""
+
+    async def ping(self) -> None:
+        await asyncio.sleep(30)
+
+
+async def test_healthz_503_when_the_database_hangs(monkeypatch) -> None:
+    monkeypatch.setattr(health, "PING_TIMEOUT_S", 0.05)
+    app = health.make_health_app(_HangingStore())  # type: ignore[arg-type]
+    async with client_for(app) as client:
+        resp = await asyncio.wait_for(client.get("/healthz"), timeout=5)
+        assert resp.status == 503
+        assert await resp.json() == {"status": "unavailable"}
+
+
+async def test_serve_app_has_healthz_and_a_placeholder_slack_endpoint(sqlite_url: str) -> None:
+    store = await Store.open(sqlite_url)
+    try:
+        async with client_for(build_app(store)) as client:
+            ok = await client.get("/healthz")
+            assert ok.status == 200
+            slack = await client.post("/slack/events", json={"type": "url_verification"})
+            assert slack.status == 503
+            assert await slack.json() == {"error": "slack front door not installed in this version"}
+            missing = await client.get("/nope")
+            assert missing.status == 404
+    finally:
+        await store.close()

@@ -1,0 +1,321 @@
+"""Context projection: every legal log becomes a well-formed Messages API conversation,
+the same log always gives the same bytes, and a different log a different hash."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import given
+from pydantic import BaseModel
+
+from engine import events as ev
+from engine.context import MAX_RESULT_CHARS, PROJECTION_VERSION, SYSTEM_PROMPT, project
+from tests.support.logs import (
+    OTHER,
+    PROPERTY,
+    REQUESTER,
+    REVIEWER,
+    answered,
+    approval_pending,
+    clarification_asked,
+    decided,
+    happy_path,
+    legal_logs,
+    requested,
+    result,
+    said,
+    stamp,
+    started,
+    user,
+)
+from tools import ToolContext, ToolRegistry, tool
+
+TOOLS = ToolRegistry()
+
+
+class Target(BaseModel):
+    target: str = ""
+
+
+@tool(registry=TOOLS)
+async def lookup(args: Target, ctx: ToolContext) -> dict:
+    """Look something up."""
+    return {}
+
+
+@tool(policy="approve_before_run", registry=TOOLS)
+async def deploy(args: Target, ctx: ToolContext) -> dict:
+    """Deploy something."""
+    return {}
+
+
+@tool(policy="wait_for_external_event", registry=TOOLS)
+async def build(args: Target, ctx: ToolContext) -> dict:
+    """Build something."""
+    return {}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A tool as the projection sees it, schema computed once (keeps properties fast)."""
+
+    name: str
+    description: str
+    policy: str
+    schema: dict[str, Any]
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.schema
+
+
+SPECS = [Spec(t.name, t.description, t.policy, t.input_schema()) for t in TOOLS.all()]
+
+
+# The events that give a tool_use its tool_result: those naming the call, and the two
+# that close whatever call is open.
+ANSWERS_BY_ID = {
+    "decision_rejected",
+    "approval_rejected",
+    "approval_expired",
+    "tool_result",
+    "wait_finished",
+    "wait_timed_out",
+    "clarification_answered",
+}
+ANSWERS_OPEN = {"thread_cancelled", "error"}
+
+
+def answered_calls(log: list[ev.Event]) -> set[str]:
+    """Ids of tool uses whose outcome is in the log (computed from the log, not the prompt)."""
+    done: set[str] = set()
+    open_call: str | None = None
+    for e in log:
+        if isinstance(e, ev.ModelDecision) and e.tool_name and e.tool_call_id:
+            open_call = e.tool_call_id
+        elif open_call is not None and (
+            e.type in ANSWERS_OPEN
+            or (e.type in ANSWERS_BY_ID and getattr(e, "tool_call_id", None) == open_call)
+        ):
+            done.add(open_call)
+            open_call = None
+    return done
+
+
+def tool_uses(message: dict[str, Any]) -> list[str]:
+    return [b["id"] for b in message["content"] if b["type"] == "tool_use"]
+
+
+def tool_results(message: dict[str, Any]) -> list[str]:
+    return [b["tool_use_id"] for b in message["content"] if b["type"] == "tool_result"]
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40))
+def test_projection_is_a_well_formed_conversation(log: list[ev.Event]) -> None:
+    messages = project(log, SPECS).messages
+    assert messages and messages[0]["role"] == "user"
+    first = {"type": "text", "text": f"[{log[0].actor}] {log[0].text}"}
+    assert messages[0]["content"][0] == first
+    for before, after in itertools.pairwise(messages):
+        assert before["role"] != after["role"], "roles alternate"
+    for message in messages:
+        assert message["content"], "no empty turn"
+        if message["role"] == "assistant":
+            assert len(tool_uses(message)) <= 1
+            assert not tool_results(message)
+        else:
+            assert not tool_uses(message)
+
+    done = answered_calls(log)
+    used = [(i, cid) for i, m in enumerate(messages) for cid in tool_uses(m)]
+    assert len({cid for _, cid in used}) == len(used), "tool_use ids are unique"
+    for i, cid in used:
+        if cid in done:
+            reply = messages[i + 1]
+            assert reply["role"] == "user"
+            # A tool_result leads the next user turn; what people said meanwhile follows.
+            assert reply["content"][0]["type"] == "tool_result"
+            assert reply["content"][0]["tool_use_id"] == cid
+        else:
+            assert i == max(j for j, _ in used), "only the last call can still be open"
+            assert all(cid not in tool_results(m) for m in messages)
+    for i, message in enumerate(messages):
+        for cid in tool_results(message):
+            assert cid in tool_uses(messages[i - 1]), "a result answers the turn before it"
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40))
+def test_projection_is_deterministic(log: list[ev.Event]) -> None:
+    first = project(log, SPECS)
+    # Same log rebuilt from JSON, tools given in another order: same bytes, same hash.
+    again = project([ev.parse_event(e.model_dump(mode="json")) for e in log], SPECS[::-1])
+    assert json.dumps(first.body(), sort_keys=True) == json.dumps(again.body(), sort_keys=True)
+    assert first.hash == again.hash
+    assert len(first.hash) == 64 and first.version == PROJECTION_VERSION
+    assert project(log, SPECS, version="v-next").hash != first.hash
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40))
+def test_a_different_log_gives_a_different_hash(log: list[ev.Event]) -> None:
+    base = project(log, SPECS).hash
+    edited = [log[0].model_copy(update={"text": log[0].text + "!"}), *log[1:]]
+    assert project(edited, SPECS).hash != base
+    other_actor = [log[0].model_copy(update={"actor": "U0THIRD"}), *log[1:]]
+    assert project(other_actor, SPECS).hash != base
+    longer = [*log, user("one more", actor=OTHER)]
+    assert project(longer, SPECS).hash != base
+    assert project(log, SPECS[:1]).hash != base
+
+
+def test_golden_conversation() -> None:
+    log = stamp(
+        [
+            user("deploy api to staging"),
+            decided("toolu_1", "lookup", text="Checking first.", target="api"),
+            requested("toolu_1", "lookup", target="api"),
+            started("toolu_1"),
+            user("hurry please", actor=OTHER),
+            result("toolu_1", output={"version": "1.2", "healthy": True}),
+            *approval_pending("toolu_2"),
+            ev.ApprovalRejected(actor=REVIEWER, tool_call_id="toolu_2", reason="freeze"),
+            *clarification_asked("toolu_3", "Which region?"),
+            ev.ClarificationAnswered(actor=REQUESTER, tool_call_id="toolu_3", text="eu"),
+            said(""),
+            ev.DecisionRejected(reason="the reply was empty"),
+            *answered("Not deployed: there is a freeze."),
+        ]
+    )
+    prompt = project(log, TOOLS.all())
+    assert prompt.system == SYSTEM_PROMPT
+    assert [t["name"] for t in prompt.tools] == ["build", "deploy", "lookup", ev.CLARIFICATION_TOOL]
+    assert prompt.tools[2]["description"] == "Look something up."
+    assert prompt.tools[2]["input_schema"]["properties"] == {
+        "target": {"default": "", "title": "Target", "type": "string"}
+    }
+    assert prompt.messages == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": f"[{REQUESTER}] deploy api to staging"}],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking first."},
+                {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"target": "api"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": '{"healthy": true, "version": "1.2"}',
+                },
+                {"type": "text", "text": f"[{OTHER}] hurry please"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "I will deploy."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_2",
+                    "name": "deploy",
+                    "input": {"service": "api", "env": "staging"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": f"Reviewer {REVIEWER} rejected this call: freeze",
+                    "is_error": True,
+                }
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_3",
+                    "name": ev.CLARIFICATION_TOOL,
+                    "input": {"question": "Which region?"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_3", "content": f"[{REQUESTER}] eu"}
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "(empty reply)"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Rejected by validation: the reply was empty"}],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Not deployed: there is a freeze."}],
+        },
+    ]
+
+
+def test_people_speaking_while_a_call_is_open_are_shown_after_it() -> None:
+    log = [*happy_path()[:4], user("still there?", actor=OTHER)]  # lookup started, no result
+    messages = project(log, TOOLS.all()).messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[-1]["content"] == [{"type": "text", "text": f"[{OTHER}] still there?"}]
+
+
+def test_cancel_answers_the_open_call() -> None:
+    log = [user(), *approval_pending("toolu_2"), ev.ThreadCancelled(actor=REQUESTER, reason="nvm")]
+    last = project(log, TOOLS.all()).messages[-1]
+    assert last["role"] == "user"
+    assert last["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_2",
+            "content": f"[system] {REQUESTER} cancelled this thread. nvm",
+            "is_error": True,
+        }
+    ]  # said once: the note closes the call instead of being repeated as text
+
+
+def test_large_tool_output_is_elided() -> None:
+    big = {"rows": ["x" * 100] * 100}
+    log = [user(), *happy_path()[1:3], started("toolu_1"), result("toolu_1", output=big)]
+    content = project(log, TOOLS.all()).messages[-1]["content"][0]["content"]
+    full = len(json.dumps(big, sort_keys=True))
+    assert full > MAX_RESULT_CHARS
+    assert len(content) < MAX_RESULT_CHARS + 200
+    assert f"[{full} chars; elided, full output in event " in content
+
+
+def test_elided_output_points_at_its_event() -> None:
+    big = {"rows": ["x" * 100] * 100}
+    log = stamp([user(), *happy_path()[1:3], started("toolu_1"), result("toolu_1", output=big)])
+    content = project(log, TOOLS.all()).messages[-1]["content"][0]["content"]
+    assert log[-1].event_id in content or f"seq {log[-1].seq}" in content
+
+
+def test_failed_tool_result_is_an_error_result() -> None:
+    log = [user(), *happy_path()[1:4], result("toolu_1", ok=False)]
+    block = project(log, TOOLS.all()).messages[-1]["content"][0]
+    assert block == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": "Tool failed: boom",
+        "is_error": True,
+    }

@@ -1,0 +1,183 @@
+"""The event schema: one frozen model per type, parsed back from JSON by its ``type``."""
+
+from __future__ import annotations
+
+import re
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from engine import events as ev
+from engine.errors import InvalidEvent
+from tests.support.logs import T0, at, stamp
+
+SAMPLES: dict[str, ev.Event] = {
+    e.type: e
+    for e in [
+        ev.UserMessage(actor="U1", text="deploy api", source={"channel": "C1", "ts": "1.0"}),
+        ev.ClarificationAnswered(actor="U1", tool_call_id="toolu_1", text="staging"),
+        ev.ThreadCancelled(actor="U1", reason="never mind"),
+        ev.ModelDecision(
+            actor="model",
+            text="Deploying.",
+            tool_name="deploy",
+            tool_call_id="toolu_2",
+            arguments={"service": "api", "replicas": 3, "tags": ["a", "b"]},
+            stop_reason="tool_use",
+            model="claude",
+            usage=ev.Usage(input_tokens=10, output_tokens=5, cache_read_input_tokens=2),
+            prompt_hash="ab" * 32,
+            projection_version="v1",
+        ),
+        ev.DecisionRejected(tool_call_id="toolu_3", reason="unknown tool 'x'"),
+        ev.FinalAnswer(actor="model", text="Done."),
+        ev.ClarificationRequested(tool_call_id="toolu_4", question="Which env?"),
+        ev.ToolCallRequested(
+            tool_call_id="toolu_5",
+            intent="deploy",
+            arguments={"service": "api", "nested": {"x": [1, 2.5, None, True]}},
+            policy="approve_before_run",
+            idempotency_key="thr_1:toolu_5",
+        ),
+        ev.ApprovalRequested(
+            tool_call_id="toolu_5", arguments_hash="0" * 32, expires_at=at(60), reason="why"
+        ),
+        ev.ApprovalGranted(actor="U2", tool_call_id="toolu_5", dedupe_key="1700000000.123"),
+        ev.ApprovalRejected(actor="U2", tool_call_id="toolu_5", reason="not on a Friday"),
+        ev.ApprovalRefused(
+            actor="U3", tool_call_id="toolu_5", decision="approve", reason="not an approver"
+        ),
+        ev.ApprovalExpired(tool_call_id="toolu_5"),
+        ev.ToolStarted(tool_call_id="toolu_5", attempt=2),
+        ev.ToolResult(
+            actor="tool", tool_call_id="toolu_5", attempt=2, ok=True, output={"v": [1, "x"]}
+        ),
+        ev.RetryScheduled(tool_call_id="toolu_5", attempt=1, wake_at=at(2), error="503"),
+        ev.WaitStarted(
+            actor="tool",
+            tool_call_id="toolu_6",
+            wait_id="thr_1.abc",
+            description="build",
+            data={"id": 7},
+            wake_at=at(5),
+            timeout_at=at(60),
+            poll_every_s=30.0,
+        ),
+        ev.WaitFinished(tool_call_id="toolu_6", wait_id="thr_1.abc", result={"ok": True}),
+        ev.WaitTimedOut(tool_call_id="toolu_6", wait_id="thr_1.abc"),
+        ev.ErrorRaised(message="3 invalid decisions", kind="rejections"),
+        ev.MessagePosted(shows_event_id="evt_1", channel="C1", ts="1700000000.000100"),
+    ]
+}
+
+
+def union_members() -> set[type]:
+    union = typing.get_args(ev.AnyEvent)[0]
+    return set(typing.get_args(union))
+
+
+def test_samples_cover_every_event_type() -> None:
+    assert set(SAMPLES) == set(ev.EVENT_TYPES)
+    assert len(ev.EVENT_TYPES) == len(set(ev.EVENT_TYPES))
+
+
+def test_event_types_match_the_discriminated_union() -> None:
+    members = {cls.model_fields["type"].default for cls in union_members()}
+    assert members == set(ev.EVENT_TYPES)
+
+
+@pytest.mark.parametrize("type_", sorted(SAMPLES))
+def test_draft_round_trips_through_json(type_: str) -> None:
+    event = SAMPLES[type_]
+    back = ev.parse_event(event.model_dump(mode="json"))
+    assert type(back) is type(event)
+    assert back == event
+
+
+@pytest.mark.parametrize("type_", sorted(SAMPLES))
+def test_stamped_round_trips_through_json_text(type_: str) -> None:
+    (event,) = stamp([SAMPLES[type_]], "thr_rt", start=7)
+    back = ev.parse_event(ev.EVENT_ADAPTER.validate_json(event.model_dump_json()).model_dump())
+    assert back == event
+    assert (back.thread_id, back.seq, back.created_at) == ("thr_rt", 7, T0.replace(second=7))
+
+
+def test_a_draft_has_seq_zero_and_a_fresh_event_id() -> None:
+    a, b = ev.FinalAnswer(text="x"), ev.FinalAnswer(text="x")
+    assert a.seq == 0 and a.thread_id == ""
+    assert a.event_id.startswith("evt_") and a.event_id != b.event_id
+    assert a.created_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"type": "user_message"}, "text"),
+        ({"type": "tool_started", "tool_call_id": "c", "attempt": 0}, "attempt"),
+        ({"type": "tool_result", "tool_call_id": "c", "attempt": 1}, "ok"),
+        ({"type": "user_message", "text": "x", "bogus": 1}, "bogus"),
+        (
+            {
+                "type": "approval_requested",
+                "tool_call_id": "c",
+                "arguments_hash": "h",
+                "expires_at": "2025-01-01T00:00:00",  # naive: refused
+            },
+            "expires_at",
+        ),
+        (
+            {
+                "type": "tool_call_requested",
+                "tool_call_id": "c",
+                "intent": "deploy",
+                "arguments": {},
+                "policy": "whenever",
+                "idempotency_key": "k",
+            },
+            "policy",
+        ),
+        (
+            {"type": "approval_refused", "tool_call_id": "c", "decision": "maybe", "reason": ""},
+            "decision",
+        ),
+        ({"type": "final_answer", "text": "x", "seq": -1}, "seq"),
+        ({"type": "model_decision", "usage": {"input_tokens": "many"}}, "input_tokens"),
+    ],
+)
+def test_invalid_payload_is_refused_naming_the_field(data: dict, field: str) -> None:
+    with pytest.raises(InvalidEvent) as info:
+        ev.parse_event(data)
+    assert re.search(rf"\b{field}\b", str(info.value)), str(info.value)
+    assert data["type"] in str(info.value)
+
+
+@pytest.mark.parametrize("data", [{"type": "deploy_happened", "text": "x"}, {"text": "no type"}])
+def test_unknown_or_missing_type_is_refused(data: dict) -> None:
+    with pytest.raises(InvalidEvent) as info:
+        ev.parse_event(data)
+    assert "type" in str(info.value)
+    if "type" in data:
+        assert data["type"] in str(info.value)
+
+
+@pytest.mark.parametrize("type_", sorted(SAMPLES))
+def test_events_are_frozen(type_: str) -> None:
+    event = SAMPLES[type_]
+    with pytest.raises(ValidationError):
+        event.seq = 5  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        event.actor = "someone else"  # type: ignore[misc]
+    assert event.seq == 0
+
+
+def test_model_copy_stamps_without_touching_the_draft() -> None:
+    draft = SAMPLES["final_answer"]
+    stamped = draft.model_copy(update={"seq": 3, "thread_id": "thr_x"})
+    assert (draft.seq, draft.thread_id) == (0, "")
+    assert (stamped.seq, stamped.thread_id, stamped.text) == (3, "thr_x", draft.text)
+
+
+def test_input_types_are_event_types() -> None:
+    assert ev.INPUT_TYPES <= set(ev.EVENT_TYPES)
+    assert "user_message" in ev.INPUT_TYPES and "tool_result" not in ev.INPUT_TYPES

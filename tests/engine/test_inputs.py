@@ -1,0 +1,441 @@
+"""Front-door functions on both backends: messages, replies, approval clicks, cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import timedelta
+
+import pytest
+
+from engine import events as ev
+from engine.inputs import (
+    Accepted,
+    Refused,
+    answer_clarification,
+    cancel,
+    decide_approval,
+    finish_wait,
+    post_user_message,
+)
+from engine.policy import ApproverPolicy, arguments_hash
+from engine.state import ThreadState
+from engine.store import Store, ThreadKey
+from tests.support.logs import approval_pending, clarification_asked, waiting_on_job
+
+REQ = "U0REQUEST"
+BOSS = "U0BOSS"
+ONCALL = "S0ONCALL"
+OPEN = ApproverPolicy()  # anyone but the requester
+STRICT = ApproverPolicy(frozenset({BOSS, ONCALL}))
+CALL = "toolu_9"
+ARGS = {"service": "api", "env": "staging"}
+HASH = arguments_hash("deploy", ARGS)
+
+
+def key(ts: str = "1700000000.000100") -> ThreadKey:
+    return ThreadKey("T1", "C1", ts)
+
+
+async def started_thread(store: Store, ts: str = "1.0") -> str:
+    posted = await post_user_message(
+        store, key(ts), text="deploy api to staging", user=REQ, dedupe_key=f"Ev{ts}"
+    )
+    return posted.thread_id
+
+
+async def awaiting_approval(store: Store, ts: str = "1.0") -> str:
+    """A thread whose call CALL waits for approval (appended directly, no runner)."""
+    tid = await started_thread(store, ts)
+    state = await store.load(tid)
+    expires = ev.utcnow() + timedelta(days=1)
+    await store.append(
+        tid, state.last_seq, approval_pending(CALL, expires_at=expires, thread_id=tid)
+    )
+    assert (await store.load(tid)).status == "awaiting_approval"
+    return tid
+
+
+async def types(store: Store, tid: str) -> list[str]:
+    return [e.type for e in await store.select_events(tid)]
+
+
+def same_but_seq(after: ThreadState, before: ThreadState) -> bool:
+    return after.model_copy(update={"last_seq": before.last_seq}) == before
+
+
+# --- messages -------------------------------------------------------------------------
+
+
+async def test_post_user_message_creates_the_thread_and_dedupes(store: Store) -> None:
+    first = await post_user_message(
+        store, key(), text="deploy api", user=REQ, dedupe_key="Ev01", source={"ts": "1.0"}
+    )
+    assert isinstance(first, Accepted) and not first.deduplicated
+    assert first.event.type == "user_message" and first.event.seq == 1
+    assert await store.find_thread(key()) == first.thread_id
+    state = await store.load(first.thread_id)
+    assert (state.status, state.requester) == ("running", REQ)
+
+    again = await post_user_message(store, key(), text="deploy api", user=REQ, dedupe_key="Ev01")
+    assert again.deduplicated and again.thread_id == first.thread_id
+    assert again.event == first.event
+    assert await types(store, first.thread_id) == ["user_message"]
+
+    other = await post_user_message(store, key(), text="and web", user="U0OTHER", dedupe_key="Ev02")
+    assert not other.deduplicated and other.event.seq == 2
+    assert (await store.load(first.thread_id)).requester == REQ
+
+
+async def test_concurrent_redeliveries_store_one_message(store: Store, db_url: str) -> None:
+    stores = [await Store.open(db_url, create=False, pool_size=1) for _ in range(5)]
+    try:
+        results = await asyncio.gather(
+            *(
+                post_user_message(s, key(), text="hello", user=REQ, dedupe_key="Ev01")
+                for s in stores
+            )
+        )
+    finally:
+        for s in stores:
+            await s.close()
+    assert len({r.thread_id for r in results}) == 1
+    assert [r.deduplicated for r in results].count(False) == 1
+    assert len({r.event.event_id for r in results}) == 1
+    assert await types(store, results[0].thread_id) == ["user_message"]
+
+
+async def test_a_reply_while_awaiting_reply_answers_the_question(store: Store) -> None:
+    tid = await started_thread(store)
+    await store.append(tid, 1, clarification_asked("toolu_4", "Which region?"))
+    reply = await post_user_message(store, key("1.0"), text="eu-west", user=REQ, dedupe_key="Ev02")
+    assert isinstance(reply.event, ev.ClarificationAnswered)
+    assert (reply.event.tool_call_id, reply.event.text) == ("toolu_4", "eu-west")
+    state = await store.load(tid)
+    assert (state.status, state.question) == ("running", None)
+    # Now nothing is asked: a direct answer is refused, a message is a message.
+    refused = await answer_clarification(store, tid, text="late", user=REQ)
+    assert isinstance(refused, Refused) and "not waiting" in refused.reason
+    more = await post_user_message(store, key("1.0"), text="thanks", user=REQ)
+    assert more.event.type == "user_message"
+
+
+async def test_answer_clarification_answers_the_open_question(store: Store) -> None:
+    tid = await started_thread(store)
+    await store.append(tid, 1, clarification_asked("toolu_4"))
+    done = await answer_clarification(store, tid, text="prod", user=REQ, dedupe_key="Ev05")
+    assert isinstance(done, Accepted) and done.event.type == "clarification_answered"
+    again = await answer_clarification(store, tid, text="prod", user=REQ, dedupe_key="Ev05")
+    # The question is closed: a redelivery writes nothing, whether refused or deduplicated.
+    assert isinstance(again, Refused) or again.deduplicated
+    assert (await types(store, tid)).count("clarification_answered") == 1
+
+
+# --- approvals ------------------------------------------------------------------------
+
+
+async def test_approve(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    done = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0REVIEW",
+        decision="approve",
+        policy=OPEN,
+        arguments_hash=HASH,
+    )
+    assert isinstance(done, Accepted)
+    assert isinstance(done.event, ev.ApprovalGranted) and done.event.actor == "U0REVIEW"
+    state = await store.load(tid)
+    assert state.status == "running"
+    assert state.pending is not None and state.pending.phase == "ready"
+
+
+async def test_reject_with_reason(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    done = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0REVIEW",
+        decision="reject",
+        policy=OPEN,
+        reason="change freeze until Monday",
+    )
+    assert isinstance(done, Accepted) and isinstance(done.event, ev.ApprovalRejected)
+    assert done.event.reason == "change freeze until Monday"
+    state = await store.load(tid)
+    assert (state.status, state.pending) == ("running", None)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "verdict"),
+    [
+        ("approve", "approve", "approved"),
+        ("approve", "reject", "approved"),
+        ("reject", "approve", "rejected"),
+    ],
+)
+async def test_second_click_is_refused_naming_the_first_decider(
+    store: Store, first: str, second: str, verdict: str
+) -> None:
+    tid = await awaiting_approval(store)
+    won = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0FIRST",
+        decision=first,
+        policy=OPEN,
+        dedupe_key="1700000001.000001",
+    )
+    assert isinstance(won, Accepted)
+    before = await store.load(tid)
+    lost = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0SECOND",
+        decision=second,
+        policy=OPEN,
+        dedupe_key="1700000002.000002",
+    )
+    assert isinstance(lost, Refused)
+    assert re.fullmatch(rf"already {verdict} by U0FIRST at \d\d:\d\d UTC", lost.reason)
+    assert isinstance(lost.event, ev.ApprovalRefused)
+    assert (lost.event.actor, lost.event.decision, lost.event.reason) == (
+        "U0SECOND",
+        second,
+        lost.reason,
+    )
+    assert same_but_seq(await store.load(tid), before)
+    kinds = await types(store, tid)
+    assert kinds.count("approval_granted") + kinds.count("approval_rejected") == 1
+
+
+async def test_concurrent_clicks_decide_once(store: Store, db_url: str) -> None:
+    tid = await awaiting_approval(store)
+    stores = [await Store.open(db_url, create=False, pool_size=1) for _ in range(4)]
+    try:
+        results = await asyncio.gather(
+            *(
+                decide_approval(
+                    s,
+                    tid,
+                    tool_call_id=CALL,
+                    reviewer=f"U0REV{i}",
+                    decision="approve" if i % 2 else "reject",
+                    policy=OPEN,
+                    dedupe_key=f"17000000{i}.0",
+                )
+                for i, s in enumerate(stores)
+            )
+        )
+    finally:
+        for s in stores:
+            await s.close()
+    winners = [r for r in results if isinstance(r, Accepted)]
+    assert len(winners) == 1
+    who = winners[0].event.actor
+    for r in results:
+        if isinstance(r, Refused):
+            assert f"by {who} at" in r.reason
+    kinds = await types(store, tid)
+    assert kinds.count("approval_granted") + kinds.count("approval_rejected") == 1
+    assert kinds.count("approval_refused") == 3
+
+
+async def test_unauthorised_reviewer_is_refused_and_audited(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    before = await store.load(tid)
+    refused = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0RANDOM",
+        decision="approve",
+        policy=STRICT,
+        reviewer_groups=["S0OTHER"],
+    )
+    assert isinstance(refused, Refused) and "approvers list" in refused.reason
+    assert isinstance(refused.event, ev.ApprovalRefused)
+    assert (refused.event.actor, refused.event.tool_call_id) == ("U0RANDOM", CALL)
+    after = await store.load(tid)
+    assert after.last_seq == before.last_seq + 1
+    assert same_but_seq(after, before)
+    assert (await types(store, tid))[-1] == "approval_refused"
+
+    for reviewer, groups in [(BOSS, []), ("U0MEMBER", [ONCALL])]:
+        tid2 = await awaiting_approval(store, ts=f"2.{reviewer}")
+        ok = await decide_approval(
+            store,
+            tid2,
+            tool_call_id=CALL,
+            reviewer=reviewer,
+            decision="approve",
+            policy=STRICT,
+            reviewer_groups=groups,
+        )
+        assert isinstance(ok, Accepted) and ok.event.type == "approval_granted"
+
+
+async def test_self_approval_is_refused_unless_allowed(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    before = await store.load(tid)
+    refused = await decide_approval(
+        store, tid, tool_call_id=CALL, reviewer=REQ, decision="approve", policy=OPEN
+    )
+    assert isinstance(refused, Refused) and "self-approval" in refused.reason
+    assert same_but_seq(await store.load(tid), before)
+    allowed = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer=REQ,
+        decision="approve",
+        policy=ApproverPolicy(allow_self=True),
+    )
+    assert isinstance(allowed, Accepted) and allowed.event.actor == REQ
+
+
+async def test_requester_may_withdraw_their_own_call(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    done = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer=REQ,
+        decision="reject",
+        policy=STRICT,
+        reason="wrong service",
+    )
+    assert isinstance(done, Accepted) and done.event.type == "approval_rejected"
+
+
+async def test_a_stale_card_is_refused(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    stale = arguments_hash("deploy", {**ARGS, "env": "prod"})
+    refused = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0REVIEW",
+        decision="approve",
+        policy=OPEN,
+        arguments_hash=stale,
+    )
+    assert isinstance(refused, Refused) and "arguments differ" in refused.reason
+    assert (await store.load(tid)).status == "awaiting_approval"
+    ok = await decide_approval(
+        store,
+        tid,
+        tool_call_id=CALL,
+        reviewer="U0REVIEW",
+        decision="approve",
+        policy=OPEN,
+        arguments_hash=HASH,
+    )
+    assert isinstance(ok, Accepted)
+
+
+async def test_redelivered_click_is_a_no_op(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    click = {"tool_call_id": CALL, "reviewer": "U0REVIEW", "decision": "approve", "policy": OPEN}
+    first = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
+    seq = (await store.load(tid)).last_seq
+    again = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
+    assert isinstance(first, Accepted) and not first.deduplicated
+    assert isinstance(again, Accepted) and again.deduplicated
+    assert again.event == first.event
+    assert (await store.load(tid)).last_seq == seq
+    assert (await types(store, tid)).count("approval_granted") == 1
+    assert "approval_refused" not in await types(store, tid)
+
+
+async def test_redelivered_refused_click_is_refused_once(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    click = {"tool_call_id": CALL, "reviewer": "U0RANDOM", "decision": "approve", "policy": STRICT}
+    first = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
+    again = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
+    assert isinstance(first, Refused) and isinstance(again, Refused)
+    assert again.event == first.event and again.reason == first.reason
+    assert (await types(store, tid)).count("approval_refused") == 1
+
+
+@pytest.mark.parametrize(
+    ("closing", "reason"),
+    [
+        (ev.ApprovalExpired(tool_call_id=CALL), "the approval expired"),
+        (ev.ThreadCancelled(actor=REQ), "the thread was cancelled"),
+    ],
+)
+async def test_a_closed_call_is_refused_saying_why(
+    store: Store, closing: ev.Event, reason: str
+) -> None:
+    tid = await awaiting_approval(store)
+    await store.append(tid, (await store.load(tid)).last_seq, [closing])
+    refused = await decide_approval(
+        store, tid, tool_call_id=CALL, reviewer="U0REVIEW", decision="approve", policy=OPEN
+    )
+    assert isinstance(refused, Refused) and refused.reason.startswith(reason)
+
+
+async def test_an_unknown_call_is_refused(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    refused = await decide_approval(
+        store,
+        tid,
+        tool_call_id="toolu_nope",
+        reviewer="U0REVIEW",
+        decision="approve",
+        policy=OPEN,
+    )
+    assert isinstance(refused, Refused) and "no such call" in refused.reason
+    assert isinstance(refused.event, ev.ApprovalRefused)
+    assert (await store.load(tid)).status == "awaiting_approval"
+
+
+# --- waits and cancels ----------------------------------------------------------------
+
+
+async def test_finish_wait_once(store: Store) -> None:
+    tid = await started_thread(store)
+    await store.append(tid, 1, waiting_on_job("toolu_3", f"{tid}.w1"))
+    done = await finish_wait(store, tid, wait_id=f"{tid}.w1", result={"ok": 1}, dedupe_key="hook1")
+    assert isinstance(done, Accepted) and done.event.type == "wait_finished"
+    assert (await store.load(tid)).status == "running"
+    again = await finish_wait(store, tid, wait_id=f"{tid}.w1", result={"ok": 1}, dedupe_key="hook1")
+    assert isinstance(again, Accepted) and again.deduplicated and again.event == done.event
+    other = await finish_wait(store, tid, wait_id=f"{tid}.w2", result={})
+    assert isinstance(other, Refused) and "no open wait" in other.reason
+
+
+async def test_requester_and_approvers_may_cancel_others_may_not(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    before = await store.load(tid)
+    refused = await cancel(store, tid, by="U0RANDOM", policy=STRICT)
+    assert isinstance(refused, Refused) and "requester or an approver" in refused.reason
+    assert await store.load(tid) == before
+
+    done = await cancel(store, tid, by=REQ, policy=STRICT, reason="not needed")
+    assert isinstance(done, Accepted) and isinstance(done.event, ev.ThreadCancelled)
+    assert done.event.reason == "not needed"
+    assert (await store.load(tid)).status == "cancelled"
+    twice = await cancel(store, tid, by=REQ, policy=STRICT)
+    assert isinstance(twice, Refused) and "cancelled" in twice.reason
+
+    for who, groups in [(BOSS, []), ("U0MEMBER", [ONCALL])]:
+        other = await awaiting_approval(store, ts=f"3.{who}")
+        ok = await cancel(store, other, by=who, policy=STRICT, user_groups=groups)
+        assert isinstance(ok, Accepted)
+    # With no approvers list, any approver (anyone) may cancel.
+    anyone = await awaiting_approval(store, ts="4.0")
+    assert isinstance(await cancel(store, anyone, by="U0RANDOM", policy=OPEN), Accepted)
+
+
+async def test_a_thread_with_nothing_in_it_cannot_be_cancelled(store: Store) -> None:
+    tid = await store.create_thread(key("9.9"))
+    refused = await cancel(store, tid, by=REQ, policy=OPEN)
+    assert isinstance(refused, Refused) and "new" in refused.reason
+    assert await store.select_events(tid) == []

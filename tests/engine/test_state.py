@@ -1,0 +1,480 @@
+"""The reducer: legal logs fold the same way however they are split; illegal events are
+refused; each status of DESIGN is reached by the events that should reach it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine import events as ev
+from engine.errors import IllegalTransition
+from engine.state import ThreadState, apply, next_action, reduce
+from tests.support.logs import (
+    PROPERTY,
+    REQUESTER,
+    REVIEWER,
+    Simulator,
+    answered,
+    approval_pending,
+    at,
+    clarification_asked,
+    decided,
+    happy_path,
+    is_legal,
+    legal_logs,
+    random_log,
+    requested,
+    result,
+    retry,
+    said,
+    stamp,
+    started,
+    user,
+    waiting_on_job,
+)
+
+TIMED = {"sleeping", "awaiting_approval", "awaiting_job"}
+
+# Events that no state accepts: they name calls, questions and waits that never existed.
+BOGUS: list[ev.Event] = [
+    ev.ApprovalGranted(actor=REVIEWER, tool_call_id="toolu_bogus"),
+    ev.ApprovalRejected(actor=REVIEWER, tool_call_id="toolu_bogus"),
+    ev.ApprovalExpired(tool_call_id="toolu_bogus"),
+    ev.ToolStarted(tool_call_id="toolu_bogus", attempt=1),
+    ev.ToolResult(tool_call_id="toolu_bogus", attempt=1, ok=True),
+    ev.WaitFinished(tool_call_id="toolu_bogus", wait_id="w_bogus"),
+    ev.WaitTimedOut(tool_call_id="toolu_bogus", wait_id="w_bogus"),
+    ev.ClarificationAnswered(tool_call_id="toolu_bogus", text="?"),
+    ev.ClarificationRequested(tool_call_id="toolu_bogus", question="?"),
+]
+# Events whose legality depends on the state; probed in every state.
+PROBES: list[ev.Event] = [
+    said("probe"),
+    decided("toolu_probe", "lookup", q="probe"),
+    retry(None, 1, at(1)),
+    user("probe"),
+    ev.FinalAnswer(text="probe"),
+    ev.DecisionRejected(reason="probe"),
+    ev.ThreadCancelled(actor=REQUESTER),
+    ev.ErrorRaised(message="probe"),
+]
+
+
+def fold(*parts: list[ev.Event]) -> ThreadState:
+    return reduce([e for part in parts for e in part])
+
+
+# --- properties -----------------------------------------------------------------------
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40), data=st.data())
+def test_split_fold_equals_fold_at_once(log: list[ev.Event], data: st.DataObject) -> None:
+    whole = reduce(log)
+    k = data.draw(st.integers(0, len(log)), label="split")
+    head = reduce(log[:k])
+    assert reduce(log[k:], head) == whole
+    snapshot = ThreadState.model_validate_json(head.model_dump_json())
+    assert snapshot == head
+    assert reduce(log[k:], snapshot) == whole
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40))
+def test_every_reachable_state_is_consistent(log: list[ev.Event]) -> None:
+    state = ThreadState()
+    for event in log:
+        state = apply(state, event)
+        assert state.last_seq == event.seq
+        assert state.thread_id == event.thread_id
+        assert state.requester == log[0].actor
+        assert (state.wake_at is not None) == (state.status in TIMED), state
+        assert (state.status == "awaiting_reply") == (state.question is not None)
+        phase = state.pending.phase if state.pending else None
+        assert (state.status == "awaiting_approval") == (phase == "awaiting_approval")
+        if state.status == "awaiting_job":
+            assert phase == "waiting"
+        if phase == "retry_wait":
+            assert state.status == "sleeping"
+        assert ThreadState.model_validate_json(state.model_dump_json()) == state
+    assert reduce(log) == state
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40), data=st.data())
+def test_illegal_event_is_refused_and_state_is_unchanged(
+    log: list[ev.Event], data: st.DataObject
+) -> None:
+    k = data.draw(st.integers(0, len(log)), label="prefix")
+    sim = Simulator.replay(log[:k])
+    state = sim.state
+    illegal = [e for e in [*sim.candidates(), *PROBES, *BOGUS] if not is_legal(state, e)]
+    assert illegal, "some event is always illegal"
+    event = data.draw(st.sampled_from(illegal), label="illegal event")
+    before = state.model_dump()
+    with pytest.raises(IllegalTransition) as info:
+        apply(state, event)
+    assert info.value.event_type == event.type
+    assert info.value.status == state.status
+    assert repr(event.type) in str(info.value) and repr(state.status) in str(info.value)
+    assert info.value.why
+    assert state.model_dump() == before
+    assert reduce(log[k:], state) == reduce(log)  # the legal tail still folds
+
+
+# --- the envelope ---------------------------------------------------------------------
+
+
+def test_a_thread_starts_with_a_user_message() -> None:
+    with pytest.raises(IllegalTransition, match="starts with a message") as info:
+        apply(ThreadState(), ev.FinalAnswer(text="hi"))
+    assert info.value.status == "new"
+    state = apply(ThreadState(), user(actor="U9"))
+    assert (state.status, state.requester, state.last_seq) == ("running", "U9", 1)
+
+
+def test_seq_must_follow_and_thread_must_match() -> None:
+    log = stamp(happy_path())
+    state = reduce(log[:3])
+    gap = log[4]
+    with pytest.raises(IllegalTransition, match="seq 5 does not follow 3"):
+        apply(state, gap)
+    foreign = log[3].model_copy(update={"thread_id": "thr_other"})
+    with pytest.raises(IllegalTransition, match="thr_other"):
+        apply(state, foreign)
+    assert apply(state, log[3]).last_seq == 4
+
+
+def test_drafts_get_the_next_seq() -> None:
+    state = reduce(happy_path())
+    assert state.last_seq == len(happy_path())
+    assert state.thread_id == ""
+
+
+def test_apply_does_not_mutate_its_input() -> None:
+    state = reduce([user(), *approval_pending("c1")])
+    dumped = state.model_dump()
+    after = apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c1"))
+    assert state.model_dump() == dumped
+    assert after.pending is not None and state.pending is not None
+    assert (state.pending.phase, after.pending.phase) == ("awaiting_approval", "ready")
+
+
+# --- statuses ------------------------------------------------------------------------
+
+
+def test_running_asks_the_model_until_a_decision_is_open() -> None:
+    state = fold([user()])
+    assert state.status == "running"
+    assert next_action(state, at(0)) == "ask_model"
+    state = apply(state, said("hmm"))
+    assert state.open_decision == "" and state.decisions_since_input == 1
+    assert next_action(state, at(0)) == "none"
+    with pytest.raises(IllegalTransition, match="half-written"):
+        apply(state, user("more"))
+
+
+def test_run_now_call_runs_then_asks_again() -> None:
+    state = fold([user(), decided("c1", "lookup", q="x"), requested("c1", "lookup", q="x")])
+    assert state.pending is not None and state.pending.phase == "ready"
+    assert state.pending.idempotency_key == "thr_test:c1"
+    assert next_action(state, at(0)) == "execute_tool"
+    state = apply(state, started("c1"))
+    assert state.pending is not None and state.pending.phase == "started"
+    assert next_action(state, at(0)) == "execute_tool"  # a crash mid-call re-runs it
+    state = apply(state, result("c1"))
+    assert state.pending is None and state.status == "running"
+    assert next_action(state, at(0)) == "ask_model"
+
+
+def test_idle_after_final_answer_and_reopened_by_a_message() -> None:
+    state = fold([user(), said(""), ev.DecisionRejected(reason="empty"), *answered()])
+    assert state.status == "idle" and state.consecutive_rejections == 0
+    assert state.wake_at is None
+    assert next_action(state, at(10_000)) == "none"
+    state = apply(state, user("another thing", actor="U_SOMEONE"))
+    assert state.status == "running"
+    assert state.requester == REQUESTER  # the first asker stays the requester
+    assert state.decisions_since_input == 0
+
+
+def test_awaiting_approval_then_granted() -> None:
+    state = fold([user(), *approval_pending("c2", expires_at=at(30))])
+    assert state.status == "awaiting_approval"
+    call = state.pending
+    assert call is not None and call.phase == "awaiting_approval"
+    assert call.arguments == {"service": "api", "env": "staging"}
+    assert len(call.arguments_hash) == 32
+    assert state.wake_at == at(30)
+    assert next_action(state, at(29)) == "none"
+    assert next_action(state, at(30)) == "expire_approval"
+    with pytest.raises(IllegalTransition, match="not pending"):
+        apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="other"))
+    with pytest.raises(IllegalTransition, match="not running"):
+        apply(state, started("c2"))
+    state = apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"))
+    assert state.status == "running" and state.wake_at is None
+    assert state.pending is not None and state.pending.phase == "ready"
+    assert next_action(state, at(0)) == "execute_tool"
+    with pytest.raises(IllegalTransition, match="no approval is awaited"):
+        apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"))
+
+
+@pytest.mark.parametrize(
+    "closing",
+    [
+        ev.ApprovalRejected(actor=REVIEWER, tool_call_id="c2", reason="no"),
+        ev.ApprovalExpired(tool_call_id="c2"),
+    ],
+)
+def test_rejected_or_expired_approval_drops_the_call(closing: ev.Event) -> None:
+    state = fold([user(), *approval_pending("c2")], [closing])
+    assert (state.status, state.pending) == ("running", None)
+    assert next_action(state, at(0)) == "ask_model"
+
+
+def test_approval_requested_only_for_an_approve_before_run_call() -> None:
+    state = fold([user(), decided("c1", "lookup", q="x"), requested("c1", "lookup", q="x")])
+    asked = ev.ApprovalRequested(tool_call_id="c1", arguments_hash="h", expires_at=at(1))
+    with pytest.raises(IllegalTransition, match="is ready"):
+        apply(state, asked)
+
+
+def test_requested_approval_call_waits_for_its_request() -> None:
+    state = fold([user(), *approval_pending("c2")[:2]])
+    assert state.status == "running"
+    assert state.pending is not None and state.pending.phase == "requested"
+    assert next_action(state, at(0)) == "none"
+
+
+def test_awaiting_reply_until_the_question_is_answered() -> None:
+    state = fold([user(), *clarification_asked("c4", "Which env?")])
+    assert state.status == "awaiting_reply"
+    assert state.question is not None and state.question.question == "Which env?"
+    assert state.wake_at is None
+    assert next_action(state, at(10_000)) == "none"
+    with pytest.raises(IllegalTransition, match="a reply answers the open question"):
+        apply(state, user("staging"))
+    with pytest.raises(IllegalTransition, match="answers another question"):
+        apply(state, ev.ClarificationAnswered(actor=REQUESTER, tool_call_id="c9", text="x"))
+    state = apply(state, ev.ClarificationAnswered(actor=REQUESTER, tool_call_id="c4", text="x"))
+    assert (state.status, state.question) == ("running", None)
+    assert next_action(state, at(0)) == "ask_model"
+
+
+def test_clarification_must_answer_the_open_decision() -> None:
+    state = fold([user(), decided("c4", ev.CLARIFICATION_TOOL, question="?")])
+    with pytest.raises(IllegalTransition, match="decision was for call 'c4'"):
+        apply(state, ev.ClarificationRequested(tool_call_id="c5", question="?"))
+
+
+def test_awaiting_job_polls_then_times_out() -> None:
+    state = fold([user(), *waiting_on_job("c3", "w1", wake_at=at(5), timeout_at=at(60))])
+    assert state.status == "awaiting_job"
+    assert state.pending is not None and state.pending.wait is not None
+    assert state.pending.wait.wait_id == "w1"
+    assert state.wake_at == at(5)
+    assert next_action(state, at(4)) == "none"
+    assert next_action(state, at(5)) == "check_wait"
+    assert next_action(state, at(59)) == "check_wait"
+    assert next_action(state, at(60)) == "wait_timeout"
+    with pytest.raises(IllegalTransition, match="wait 'w2' is not open"):
+        apply(state, ev.WaitFinished(tool_call_id="c3", wait_id="w2"))
+    done = apply(state, ev.WaitFinished(tool_call_id="c3", wait_id="w1", result={"ok": 1}))
+    assert (done.status, done.pending) == ("running", None)
+    timed_out = apply(state, ev.WaitTimedOut(tool_call_id="c3", wait_id="w1"))
+    assert (timed_out.status, timed_out.pending) == ("running", None)
+
+
+def test_awaiting_job_wakes_at_the_earlier_of_poll_and_timeout() -> None:
+    state = fold([user(), *waiting_on_job("c3", wake_at=at(90), timeout_at=at(60))])
+    assert state.wake_at == at(60)
+    assert next_action(state, at(60)) == "wait_timeout"
+
+
+def test_only_a_waiting_tool_may_start_a_wait() -> None:
+    state = fold([user(), *waiting_on_job("c3")[:3]])
+    assert apply(state, waiting_on_job("c3")[3]).status == "awaiting_job"
+    state = fold([user(), decided("c1", "lookup"), requested("c1", "lookup"), started("c1")])
+    with pytest.raises(IllegalTransition, match="does not wait"):
+        apply(state, waiting_on_job("c1")[3])
+
+
+def test_sleeping_on_a_tool_retry_then_next_attempt() -> None:
+    state = fold(
+        [user(), decided("c1", "lookup"), requested("c1", "lookup"), started("c1", 1)],
+        [retry("c1", 1, at(10))],
+    )
+    assert state.status == "sleeping"
+    assert state.pending is not None
+    assert (state.pending.phase, state.pending.attempt) == ("retry_wait", 1)
+    assert state.wake_at == at(10)
+    assert next_action(state, at(9)) == "none"
+    assert next_action(state, at(10)) == "execute_tool"
+    with pytest.raises(IllegalTransition, match="attempt 2 is next"):
+        apply(state, started("c1", 3))
+    with pytest.raises(IllegalTransition, match="is retry_wait"):
+        apply(state, result("c1", 1))
+    state = apply(state, started("c1", 2))
+    assert state.status == "running" and state.wake_at is None
+    with pytest.raises(IllegalTransition, match="attempt 2 is running"):
+        apply(state, result("c1", 1))
+    with pytest.raises(IllegalTransition, match="attempt 2 is running"):
+        apply(state, retry("c1", 1, at(20)))
+    state = apply(state, result("c1", 2, ok=False))
+    assert state.pending is None
+
+
+def test_attempts_are_numbered_from_the_log() -> None:
+    base = [user(), decided("c1", "lookup"), requested("c1", "lookup")]
+    with pytest.raises(IllegalTransition, match="attempt 1 is next"):
+        fold(base, [started("c1", 2)])
+    # A process died after tool_started: the next one starts attempt 2, then 3...
+    state = fold(base, [started("c1", 1), started("c1", 2), started("c1", 3)])
+    assert state.pending is not None and state.pending.attempt == 3
+    with pytest.raises(IllegalTransition, match="attempt 3 is running"):
+        apply(state, result("c1", 2))
+    assert apply(state, result("c1", 3)).pending is None
+
+
+def test_sleeping_on_a_model_retry_then_asking_again() -> None:
+    state = fold([user(), retry(None, 1, at(3))])
+    assert (state.status, state.model_attempt, state.wake_at) == ("sleeping", 1, at(3))
+    assert next_action(state, at(2)) == "none"
+    assert next_action(state, at(3)) == "ask_model"
+    with pytest.raises(IllegalTransition, match="not running"):
+        apply(state, retry(None, 2, at(7)))  # one retry at a time: it must be asked first
+    state = apply(state, said("ok"))
+    assert (state.status, state.model_retry_at, state.wake_at) == ("running", None, None)
+    with pytest.raises(IllegalTransition, match="a call is pending"):
+        fold([user(), *approval_pending("c2")[:2]], [retry(None, 1, at(3))])
+
+
+def test_a_successful_model_call_resets_the_model_attempt() -> None:
+    state = fold([user(), retry(None, 1, at(3)), *run_now_path("c1")])
+    assert state.status == "running"
+    assert state.model_attempt == 0
+
+
+def run_now_path(call_id: str) -> list[ev.Event]:
+    return [
+        decided(call_id, "lookup"),
+        requested(call_id, "lookup"),
+        started(call_id),
+        result(call_id),
+    ]
+
+
+def test_failed_keeps_a_started_call_and_a_message_reopens() -> None:
+    base = [user(), decided("c1", "lookup"), requested("c1", "lookup"), started("c1")]
+    state = fold(base, [ev.ErrorRaised(message="boom")])
+    assert state.status == "failed"
+    assert state.pending is None  # never run again…
+    assert state.orphan is not None and state.orphan.phase == "started"
+    assert next_action(state, at(10_000)) == "none"
+    # …but the call that was running may still report its result.
+    assert apply(state, result("c1")).orphan is None
+    state = apply(state, user("try again"))
+    assert (state.status, state.pending) == ("running", None)
+    assert next_action(state, at(0)) == "ask_model"
+
+
+def test_failed_drops_a_call_not_yet_started() -> None:
+    state = fold([user(), *approval_pending("c2")], [ev.ErrorRaised(message="x")])
+    assert (state.status, state.pending, state.wake_at) == ("failed", None, None)
+
+
+def test_cancelled_refuses_a_second_cancel_and_reopens_on_a_message() -> None:
+    state = fold([user(), *clarification_asked("c4")], [ev.ThreadCancelled(actor=REQUESTER)])
+    assert (state.status, state.question, state.pending) == ("cancelled", None, None)
+    assert next_action(state, at(10_000)) == "none"
+    with pytest.raises(IllegalTransition, match="nothing to cancel"):
+        apply(state, ev.ThreadCancelled(actor=REQUESTER))
+    with pytest.raises(IllegalTransition, match="not active"):
+        apply(state, ev.ErrorRaised(message="late"))
+    with pytest.raises(IllegalTransition, match="not running"):
+        apply(state, said("late"))
+    state = apply(state, user("again"))
+    assert state.status == "running"
+
+
+def test_cancel_mid_decision_closes_it() -> None:
+    state = fold([user(), said("x")], [ev.ThreadCancelled(actor=REQUESTER)])
+    assert (state.status, state.open_decision) == ("cancelled", None)
+    with pytest.raises(IllegalTransition, match="no model decision to follow"):
+        apply(state, ev.FinalAnswer(text="x"))
+
+
+def test_consecutive_rejections_count_and_reset() -> None:
+    rejected = [said(""), ev.DecisionRejected(reason="empty")]
+    state = fold([user()], rejected, rejected)
+    assert (state.consecutive_rejections, state.decisions_since_input) == (2, 2)
+    state = apply(apply(state, decided("c1", "lookup")), requested("c1", "lookup"))
+    assert state.consecutive_rejections == 0 and state.decisions_since_input == 3
+
+
+def test_receipts_and_refused_clicks_change_nothing_but_seq() -> None:
+    state = fold([user(), *approval_pending("c2")])
+    for event in [
+        ev.MessagePosted(shows_event_id="evt_x", channel="C", ts="1.0"),
+        ev.ApprovalRefused(actor="U_X", tool_call_id="c2", decision="approve", reason="no"),
+    ]:
+        after = apply(state, event)
+        assert after.last_seq == state.last_seq + 1
+        assert after.model_copy(update={"last_seq": state.last_seq}) == state
+
+
+@pytest.mark.parametrize("status_log", ["idle", "failed", "cancelled", "awaiting_reply"])
+def test_threads_at_rest_have_nothing_to_do_whenever(status_log: str) -> None:
+    tails = {
+        "idle": answered(),
+        "failed": [ev.ErrorRaised(message="x")],
+        "cancelled": [ev.ThreadCancelled(actor=REQUESTER)],
+        "awaiting_reply": clarification_asked(),
+    }
+    state = fold([user()], tails[status_log])
+    assert state.status == status_log
+    assert state.wake_at is None
+    for when in (at(-60), at(0), at(60 * 24 * 365)):
+        assert next_action(state, when) == "none"
+
+
+def test_new_thread_has_nothing_to_do() -> None:
+    assert next_action(ThreadState(), at(0) + timedelta(days=1)) == "none"
+
+
+def test_simulated_logs_reach_every_status_and_event_type() -> None:
+    """The generator behind the properties above covers the whole state machine."""
+    statuses: set[str] = set()
+    types: set[str] = set()
+    for seed in range(120):
+        state = ThreadState()
+        for event in random_log(seed, 40):
+            state = apply(state, event)
+            statuses.add(state.status)
+            types.add(event.type)
+    assert statuses == {
+        "running",
+        "awaiting_approval",
+        "awaiting_reply",
+        "awaiting_job",
+        "sleeping",
+        "idle",
+        "failed",
+        "cancelled",
+    }
+    assert types == set(ev.EVENT_TYPES)
+
+
+@pytest.mark.parametrize(
+    "stop", [ev.ThreadCancelled(actor=REQUESTER), ev.ErrorRaised(message="x")], ids=lambda e: e.type
+)
+def test_result_of_a_started_call_stays_recordable_after_reopening(stop: ev.Event) -> None:
+    base = [user(), decided("c1", "lookup"), requested("c1", "lookup"), started("c1")]
+    state = fold(base, [stop, user("what happened?")])
+    assert state.status == "running"
+    # The tool ran: its result is a fact the log (and the model) must be able to hold.
+    assert apply(state, result("c1")).last_seq == state.last_seq + 1

@@ -1,0 +1,401 @@
+"""Store conformance: the same suite on SQLite and PostgreSQL (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from engine import events as ev
+from engine.errors import ConcurrencyConflict, IllegalTransition, InvalidEvent, ThreadNotFound
+from engine.state import ThreadState, reduce
+from engine.store import SNAPSHOT_EVERY, Store, ThreadKey
+from engine.tables import SNAPSHOTS
+from tests.support.logs import (
+    REQUESTER,
+    answered,
+    approval_pending,
+    at,
+    clarification_asked,
+    random_log,
+    retry,
+    user,
+    waiting_on_job,
+)
+
+NOW = at(0)
+
+
+def key(ts: str = "1700000000.000100", channel: str = "C1", team: str = "T1") -> ThreadKey:
+    return ThreadKey(team, channel, ts)
+
+
+async def thread_with(store: Store, drafts: Sequence[ev.Event], ts: str = "1.0") -> str:
+    """A new thread at key ``ts`` holding ``drafts`` (appended in one batch)."""
+    tid = await store.create_thread(key(ts))
+    if drafts:
+        await store.append(tid, 0, drafts)
+    return tid
+
+
+@contextlib.asynccontextmanager
+async def more_stores(url: str, n: int) -> AsyncIterator[list[Store]]:
+    """``n`` more stores on the same database: separate engines, separate connections."""
+    stores = [await Store.open(url, create=False, pool_size=1) for _ in range(n)]
+    try:
+        yield stores
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def set_payload(store: Store, thread_id: str, seq: int, payload: str) -> None:
+    update = sa.text("UPDATE events SET payload = :p WHERE thread_id = :t AND seq = :s")
+    async with store.engine.begin() as conn:
+        result = await conn.execute(update, {"p": payload, "t": thread_id, "s": seq})
+    assert result.rowcount == 1
+
+
+# --- threads --------------------------------------------------------------------------
+
+
+async def test_create_thread_is_idempotent_by_key(store: Store) -> None:
+    first = await store.create_thread(key("1.0"))
+    assert await store.create_thread(key("1.0")) == first
+    assert await store.find_thread(key("1.0")) == first
+    others = {
+        await store.create_thread(key("2.0")),
+        await store.create_thread(key("1.0", channel="C2")),
+        await store.create_thread(key("1.0", team="T2")),
+    }
+    assert first not in others and len(others) == 3
+    info = await store.get_thread(first)
+    assert (info.team, info.channel, info.root_ts) == ("T1", "C1", "1.0")
+    assert (info.status, info.last_seq, info.requester, info.wake_at) == ("new", 0, None, None)
+    assert await store.find_thread(key("9.9")) is None
+
+
+async def test_concurrent_create_thread_gives_one_thread(store: Store, db_url: str) -> None:
+    async with more_stores(db_url, 8) as stores:
+        ids = await asyncio.gather(*(s.create_thread(key("5.0")) for s in stores))
+    assert len(set(ids)) == 1
+    assert [t.id for t in await store.list_threads()] == [ids[0]]
+
+
+# --- appending ------------------------------------------------------------------------
+
+
+async def test_append_assigns_seq_and_stamps_the_envelope(store: Store) -> None:
+    tid = await store.create_thread(key())
+    drafts = [user(), *approval_pending("toolu_2", expires_at=at(60))]
+    done = await store.append(tid, 0, drafts, now=NOW)
+    assert not done.deduplicated
+    assert [e.seq for e in done.events] == [1, 2, 3, 4]
+    assert all(e.thread_id == tid and e.created_at == NOW for e in done.events)
+    assert [e.event_id for e in done.events] == [d.event_id for d in drafts]
+    assert [e.type for e in done.events] == [d.type for d in drafts]
+    assert all(d.seq == 0 and d.thread_id == "" for d in drafts), "drafts are not mutated"
+
+    assert await store.select_events(tid) == done.events
+    assert await store.select_events(tid, after=2) == done.events[2:]
+    state = await store.load(tid)
+    assert state == done.state == reduce(done.events)
+    info = await store.get_thread(tid)
+    # The derived columns move in the same transaction as the events.
+    assert (info.status, info.last_seq, info.requester) == ("awaiting_approval", 4, REQUESTER)
+    assert info.wake_at == at(60) and info.updated_at == NOW
+
+    more = await store.append(tid, 4, [ev.ApprovalGranted(actor="U2", tool_call_id="toolu_2")])
+    assert [e.seq for e in more.events] == [5]
+    assert (await store.get_thread(tid)).wake_at is None
+
+
+@pytest.mark.parametrize("expected_seq", [0, 1, 5])
+async def test_stale_expected_seq_conflicts_and_writes_nothing(
+    store: Store, expected_seq: int
+) -> None:
+    tid = await thread_with(store, [user(), *answered()])  # last_seq 3
+    before = await store.get_thread(tid)
+    with pytest.raises(ConcurrencyConflict) as info:
+        await store.append(tid, expected_seq, [user("late")])
+    assert info.value.thread_id == tid and info.value.expected_seq == expected_seq
+    assert len(await store.select_events(tid)) == 3
+    assert await store.get_thread(tid) == before
+
+
+async def test_stale_caller_state_conflicts(store: Store) -> None:
+    tid = await thread_with(store, [user()])
+    stale = await store.load(tid)
+    await store.append(tid, 1, [ev.MessagePosted(shows_event_id="e", channel="C1", ts="2.0")])
+    with pytest.raises(ConcurrencyConflict):
+        await store.append(tid, stale.last_seq, answered(), state=stale)
+    assert [e.type for e in await store.select_events(tid)] == ["user_message", "message_posted"]
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [ev.ApprovalGranted(actor="U2", tool_call_id="toolu_nope")],
+        # The first event is legal, the second is not: neither is written.
+        [ev.ModelDecision(text="x"), ev.ApprovalGranted(actor="U2", tool_call_id="toolu_nope")],
+    ],
+    ids=["single", "batch"],
+)
+async def test_illegal_event_is_refused_and_log_unchanged(
+    store: Store, batch: list[ev.Event]
+) -> None:
+    tid = await thread_with(store, [user()])
+    before_events = await store.select_events(tid)
+    before_thread = await store.get_thread(tid)
+    with pytest.raises(IllegalTransition) as info:
+        await store.append(tid, 1, batch)
+    assert info.value.event_type == "approval_granted" and info.value.status == "running"
+    assert await store.select_events(tid) == before_events
+    assert await store.get_thread(tid) == before_thread
+    assert (await store.load(tid)).last_seq == 1
+
+
+async def test_first_event_must_be_a_user_message(store: Store) -> None:
+    tid = await store.create_thread(key())
+    with pytest.raises(IllegalTransition):
+        await store.append(tid, 0, answered())
+    assert await store.select_events(tid) == []
+    assert (await store.get_thread(tid)).status == "new"
+
+
+async def test_same_input_three_times_with_one_dedupe_key_is_one_event(store: Store) -> None:
+    tid = await store.create_thread(key())
+    results = []
+    for _ in range(3):
+        # Each redelivery is a fresh draft (new event_id) with the same delivery key, and
+        # the sender still believes the thread is at seq 0.
+        results.append(await store.append(tid, 0, [user("hi", dedupe_key="Ev01")]))
+    first, *again = results
+    assert not first.deduplicated and [e.seq for e in first.events] == [1]
+    for r in again:
+        assert r.deduplicated
+        assert r.events == first.events  # the stored event, not the redelivered draft
+    stored = await store.select_events(tid)
+    assert len(stored) == 1 and stored[0].dedupe_key == "Ev01"
+    assert await store.find_by_dedupe_key(tid, "Ev01") == stored[0]
+    assert await store.find_by_dedupe_key(tid, "Ev02") is None
+    assert (await store.get_thread(tid)).last_seq == 1
+
+
+async def test_dedupe_keys_are_per_thread(store: Store) -> None:
+    a = await thread_with(store, [user("a", dedupe_key="Ev01")], ts="1.0")
+    b = await store.create_thread(key("2.0"))
+    done = await store.append(b, 0, [user("b", dedupe_key="Ev01")])
+    assert not done.deduplicated and done.events[0].thread_id == b
+    assert len(await store.select_events(a)) == len(await store.select_events(b)) == 1
+
+
+async def test_concurrent_appenders_get_gapless_seqs(store: Store, db_url: str) -> None:
+    tid = await store.create_thread(key())
+    writers, each = 20, 2
+
+    async def writer(s: Store, name: str) -> None:
+        for i in range(each):
+            for _ in range(500):
+                state = await s.load(tid)
+                hint = state if i % 2 else None  # both the cached and the re-read path
+                try:
+                    await s.append(
+                        tid, state.last_seq, [user(f"{name}/{i}", actor=name)], state=hint
+                    )
+                    break
+                except ConcurrencyConflict:
+                    await asyncio.sleep(0)
+            else:
+                pytest.fail(f"{name} never got its append in")
+
+    async with more_stores(db_url, writers) as stores:
+        await asyncio.gather(*(writer(s, f"U{n:03d}") for n, s in enumerate(stores)))
+
+    stored = await store.select_events(tid)
+    total = writers * each
+    assert [e.seq for e in stored] == list(range(1, total + 1))
+    texts = [e.text for e in stored]
+    assert sorted(texts) == sorted(f"U{n:03d}/{i}" for n in range(writers) for i in range(each))
+    assert len({e.event_id for e in stored}) == total
+    assert (await store.get_thread(tid)).last_seq == total
+    assert (await store.load(tid)).last_seq == total
+
+
+# --- snapshots ------------------------------------------------------------------------
+
+
+async def test_snapshot_plus_tail_equals_full_reduce(store: Store) -> None:
+    drafts = random_log(seed=7, steps=460)
+    tid = await store.create_thread(key())
+    seq, sizes = 0, [1, 7, 3, 9, 2, 5]
+    i = 0
+    while seq < len(drafts):
+        batch = drafts[seq : seq + sizes[i % len(sizes)]]
+        done = await store.append(tid, seq, batch)
+        seq, i = seq + len(batch), i + 1
+        assert done.state is not None and done.state.last_seq == seq
+
+    stored = await store.select_events(tid)
+    assert len(stored) == 460 and [e.type for e in stored] == [d.type for d in drafts]
+    full = reduce(stored)
+    assert await store.load(tid) == full
+
+    async with store.engine.connect() as conn:
+        snap = (await conn.execute(sa.select(SNAPSHOTS.c.seq, SNAPSHOTS.c.state))).one()
+    assert 2 * SNAPSHOT_EVERY <= snap.seq < 2 * SNAPSHOT_EVERY + max(sizes)
+    assert ThreadState.model_validate_json(snap.state) == reduce(stored[: snap.seq])
+
+    # Loading reads only the tail: an event behind the snapshot is not even parsed.
+    await set_payload(store, tid, 3, "{}")
+    assert await store.load(tid) == full
+    with pytest.raises(InvalidEvent):
+        await store.select_events(tid)
+
+
+async def test_short_thread_has_no_snapshot(store: Store) -> None:
+    await thread_with(store, [user(), *answered()])
+    async with store.engine.connect() as conn:
+        assert (await conn.execute(sa.select(SNAPSHOTS.c.seq))).first() is None
+
+
+# --- leases and timers ----------------------------------------------------------------
+
+
+async def test_leases(store: Store) -> None:
+    tid = await thread_with(store, [user()])
+    assert await store.acquire_lease(tid, "w1", 30, now=NOW)
+    info = await store.get_thread(tid)
+    assert (info.lease_owner, info.lease_expires_at) == ("w1", NOW + timedelta(seconds=30))
+    assert not await store.acquire_lease(tid, "w2", 30, now=NOW + timedelta(seconds=29))
+    assert await store.acquire_lease(tid, "w1", 30, now=NOW + timedelta(seconds=10))  # re-entrant
+    assert not await store.renew_lease(tid, "w2", 30, now=NOW)
+    assert await store.renew_lease(tid, "w1", 60, now=NOW + timedelta(seconds=20))
+    assert not await store.acquire_lease(tid, "w2", 30, now=NOW + timedelta(seconds=79))
+    # Expired: another owner takes it, and the old owner can no longer renew or release it.
+    assert await store.acquire_lease(tid, "w2", 30, now=NOW + timedelta(seconds=81))
+    assert not await store.renew_lease(tid, "w1", 30, now=NOW + timedelta(seconds=82))
+    await store.release_lease(tid, "w1")
+    assert (await store.get_thread(tid)).lease_owner == "w2"
+    await store.release_lease(tid, "w2")
+    info = await store.get_thread(tid)
+    assert (info.lease_owner, info.lease_expires_at) == (None, None)
+    assert await store.acquire_lease(tid, "w1", 30, now=NOW + timedelta(seconds=83))
+    assert not await store.acquire_lease("thr_missing", "w1", 30, now=NOW)
+
+
+async def test_due_threads(store: Store) -> None:
+    soon, later = NOW - timedelta(seconds=1), NOW + timedelta(hours=1)
+    t = {
+        "running": await thread_with(store, [user()], "1"),
+        "leased": await thread_with(store, [user()], "2"),
+        "lease_expired": await thread_with(store, [user()], "3"),
+        "sleep_due": await thread_with(store, [user(), retry(None, 1, soon)], "4"),
+        "sleep_at_now": await thread_with(store, [user(), retry(None, 1, NOW)], "5"),
+        "sleep_later": await thread_with(store, [user(), retry(None, 1, later)], "6"),
+        "approval_due": await thread_with(store, [user(), *approval_pending(expires_at=soon)], "7"),
+        "approval_later": await thread_with(
+            store, [user(), *approval_pending(expires_at=later)], "8"
+        ),
+        "job_due": await thread_with(store, [user(), *waiting_on_job(wake_at=soon)], "9"),
+        "job_later": await thread_with(
+            store, [user(), *waiting_on_job(wake_at=later, timeout_at=later)], "10"
+        ),
+        "timed_leased": await thread_with(store, [user(), retry(None, 1, soon)], "11"),
+        "idle": await thread_with(store, [user(), *answered()], "12"),
+        "awaiting_reply": await thread_with(store, [user(), *clarification_asked()], "13"),
+        "new": await store.create_thread(key("14")),
+    }
+    assert await store.acquire_lease(t["leased"], "w1", 60, now=NOW)
+    assert await store.acquire_lease(t["timed_leased"], "w1", 60, now=NOW)
+    assert await store.acquire_lease(t["lease_expired"], "w1", 60, now=NOW - timedelta(minutes=2))
+
+    due = await store.due_threads(now=NOW)
+    expected = {"running", "lease_expired", "sleep_due", "sleep_at_now", "approval_due", "job_due"}
+    assert sorted(due) == sorted(t[name] for name in expected)
+    assert len(await store.due_threads(now=NOW, limit=2)) == 2
+    # An hour earlier no timer had fired and both leases were live: only the free runner.
+    assert await store.due_threads(now=NOW - timedelta(hours=1)) == [t["running"]]
+
+
+async def test_set_wake_at_is_guarded_by_last_seq(store: Store) -> None:
+    tid = await thread_with(store, [user(), *waiting_on_job(wake_at=at(5), timeout_at=at(60))])
+    seq = (await store.get_thread(tid)).last_seq
+    assert (await store.get_thread(tid)).wake_at == at(5)
+    assert not await store.set_wake_at(tid, seq - 1, at(10))
+    assert (await store.get_thread(tid)).wake_at == at(5)
+    assert await store.set_wake_at(tid, seq, at(10))
+    assert (await store.get_thread(tid)).wake_at == at(10)
+    assert tid not in await store.due_threads(now=at(9))
+    assert tid in await store.due_threads(now=at(10))
+    await store.append(tid, seq, [ev.MessagePosted(shows_event_id="e", channel="C1", ts="2.0")])
+    assert not await store.set_wake_at(tid, seq, at(20)), "the thread moved on"
+    assert not await store.set_wake_at("thr_missing", 0, at(20))
+
+
+# --- finding threads ------------------------------------------------------------------
+
+
+async def test_list_threads_filters_by_status(store: Store) -> None:
+    idle = await thread_with(store, [user(), *answered()], "1")
+    running = await thread_with(store, [user()], "2")
+    asking = await thread_with(store, [user(), *clarification_asked()], "3")
+    assert [t.id for t in await store.list_threads("idle")] == [idle]
+    assert [t.id for t in await store.list_threads(status="awaiting_reply")] == [asking]
+    assert await store.list_threads("failed") == []
+    listed = await store.list_threads()
+    assert {t.id for t in listed} == {idle, running, asking}
+    by_id = {t.id: t for t in listed}
+    assert (by_id[idle].status, by_id[idle].last_seq, by_id[idle].requester) == (
+        "idle",
+        3,
+        REQUESTER,
+    )
+    assert len(await store.list_threads(limit=2)) == 2
+
+
+async def test_resolve_thread_by_id_and_by_channel_slash_ts(store: Store) -> None:
+    tid = await thread_with(store, [user()], "1700000000.000100")
+    assert (await store.resolve_thread(tid)).id == tid
+    info = await store.resolve_thread("C1/1700000000.000100")
+    assert (info.id, info.channel, info.root_ts) == (tid, "C1", "1700000000.000100")
+    for ref in ("C1/1700000000.999999", "C9/1700000000.000100", "thr_missing"):
+        with pytest.raises(ThreadNotFound) as info:
+            await store.resolve_thread(ref)
+        assert ref in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("seq", "payload"),
+    [(1, "{not json"), (1, '["a list"]'), (1, '{"source": {}}'), (2, '{"text": 5}')],
+    ids=["not-json", "not-object", "missing-field", "wrong-type"],
+)
+async def test_corrupted_stored_event_names_thread_and_seq(
+    store: Store, seq: int, payload: str
+) -> None:
+    tid = await thread_with(store, [user(), *answered()])
+    await set_payload(store, tid, seq, payload)
+    for read in (store.load, store.select_events):
+        with pytest.raises(InvalidEvent) as info:
+            await read(tid)
+        message = str(info.value)
+        assert tid in message and f"seq {seq}" in message
+
+
+async def test_unknown_thread_is_not_found(store: Store) -> None:
+    with pytest.raises(ThreadNotFound, match="thr_missing"):
+        await store.load("thr_missing")
+    with pytest.raises(ThreadNotFound, match="thr_missing"):
+        await store.get_thread("thr_missing")
+    with pytest.raises(ThreadNotFound):
+        await store.append("thr_missing", 0, [user()])
+    assert await store.select_events("thr_missing") == []
+
+
+async def test_a_thread_without_events_loads_as_new(store: Store) -> None:
+    tid = await store.create_thread(key())
+    assert await store.load(tid) == ThreadState(thread_id=tid)
