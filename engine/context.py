@@ -167,18 +167,50 @@ def _project_event(conv: _Conversation, e: ev.Event) -> None:
             pass  # approvals asked, posts, refusals, retries: not the model's business
 
 
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Projector:
+    """Incremental ``project``: feed events as the log grows, take a prompt any time.
+
+    A runner keeps one per turn so each model call projects only the new events, not
+    the whole log again. Only the last message can still change (``_Conversation.add``
+    extends it), so the canonical JSON of every earlier message is kept for the hash.
+    """
+
+    def __init__(self, tools: Iterable[ToolSpec], version: str = PROJECTION_VERSION) -> None:
+        self.version = version
+        self.tools = tool_definitions(tools)
+        self._conv = _Conversation()
+        self._head = _canon([version, SYSTEM_PROMPT, self.tools])
+        self._settled: list[str] = []  # canonical JSON of messages that can no longer change
+
+    def feed(self, events: Iterable[ev.Event]) -> Projector:
+        for event in events:
+            _project_event(self._conv, event)
+        return self
+
+    def prompt(self) -> Prompt:
+        conv = self._conv
+        messages = [{"role": m["role"], "content": list(m["content"])} for m in conv.messages]
+        if conv.parked:  # a call still open: show what people said anyway
+            if messages and messages[-1]["role"] == "user":
+                messages[-1]["content"].extend(conv.parked)
+            else:
+                messages.append({"role": "user", "content": list(conv.parked)})
+        settled = max(0, len(conv.messages) - 1)
+        while len(self._settled) < settled:
+            self._settled.append(_canon(conv.messages[len(self._settled)]))
+        digest = hashlib.sha256(self._head.encode())
+        for part in [*self._settled, *(_canon(m) for m in messages[settled:])]:
+            digest.update(b"\n")
+            digest.update(part.encode())
+        return Prompt(SYSTEM_PROMPT, messages, self.tools, self.version, digest.hexdigest())
+
+
 def project(
     events: Sequence[ev.Event], tools: Iterable[ToolSpec], version: str = PROJECTION_VERSION
 ) -> Prompt:
-    conv = _Conversation()
-    for event in events:
-        _project_event(conv, event)
-    if conv.parked:  # a call still open: show what people said anyway
-        conv.add("user", conv.parked)
-    prompt = Prompt(system=SYSTEM_PROMPT, messages=conv.messages, tools=tool_definitions(tools))
-    digest = hashlib.sha256(
-        json.dumps(
-            {"version": version, **prompt.body()}, sort_keys=True, separators=(",", ":")
-        ).encode()
-    ).hexdigest()
-    return Prompt(prompt.system, prompt.messages, prompt.tools, version, digest)
+    """The prompt for a log: pure, and byte-identical for the same log and version."""
+    return Projector(tools, version).feed(events).prompt()

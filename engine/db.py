@@ -76,11 +76,17 @@ def create_engine(config: DatabaseConfig, *, pool_size: int = 10) -> AsyncEngine
     connect_args: dict[str, Any] = {"timeout": 10}
     if config.schema:
         connect_args["server_settings"] = {"search_path": config.schema}
+    # The hot paths (appends, leases) have their own asyncpg pool of ``pool_size``
+    # (engine/pg_fast.py); this one serves reads and inputs, so it can be smaller.
+    small = max(2, pool_size // 4)
     return create_async_engine(
         config.url,
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_size=small,
+        max_overflow=small,
+        # No pre-ping: it costs three round trips per checkout on asyncpg. A dropped
+        # connection fails one transaction (nothing half-written); it is retried.
+        pool_pre_ping=False,
+        pool_recycle=1800,
         connect_args=connect_args,
     )
 

@@ -9,11 +9,10 @@ from engine.errors import InvalidEvent
 from engine.events import EVENT_ADAPTER, AnyEvent, Event
 
 ENVELOPE = ("thread_id", "seq", "event_id", "type", "created_at", "actor", "dedupe_key")
+_ENVELOPE_SET = frozenset(ENVELOPE)
 
 
 def to_row(event: Event) -> dict[str, Any]:
-    data = event.model_dump(mode="json")
-    payload = {k: v for k, v in data.items() if k not in ENVELOPE}
     return {
         "thread_id": event.thread_id,
         "seq": event.seq,
@@ -22,7 +21,8 @@ def to_row(event: Event) -> dict[str, Any]:
         "actor": event.actor,
         "created_at": event.created_at,
         "dedupe_key": event.dedupe_key,
-        "payload": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+        # One serialiser call (the hot path): the payload is the event minus its envelope.
+        "payload": event.model_dump_json(exclude=_ENVELOPE_SET),
     }
 
 

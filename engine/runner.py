@@ -27,11 +27,11 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from engine import events as ev
-from engine.context import PROJECTION_VERSION, project
+from engine.context import PROJECTION_VERSION, Projector
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import arguments_hash, classify
-from engine.state import PendingCall, ThreadState, next_action
+from engine.state import PendingCall, ThreadState, next_action, reduce
 from engine.store import Store
 from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor
 
@@ -116,6 +116,7 @@ class _Turn:
         self.r = runner
         self.thread_id = thread_id
         self.events: list[ev.AnyEvent] = []
+        self.projector = Projector(runner.tools.all(), PROJECTION_VERSION)
         self.state = ThreadState()
 
     async def run(self) -> ThreadState:
@@ -145,21 +146,22 @@ class _Turn:
         return self.state.pending
 
     async def _reload(self) -> None:
-        after = self.events[-1].seq if self.events else 0
-        if after == 0:
-            self.events = await self.r.store.select_events(self.thread_id)
-        else:
-            self.events.extend(await self.r.store.select_events(self.thread_id, after=after))
-        self.state = await self.r.store.load(self.thread_id)
-        if self.state.last_seq != (self.events[-1].seq if self.events else 0):
-            self.events = await self.r.store.select_events(self.thread_id)
+        """Catch up with the log. Ours is a prefix of it (the log only grows), so the
+        events after our last seq bring the state and the projection up to date."""
+        tail = await self.r.store.select_events(self.thread_id, after=self.state.last_seq)
+        self._seen(tail)
+        self.state = reduce(tail, self.state)
+
+    def _seen(self, events: list[ev.AnyEvent]) -> None:
+        self.events.extend(events)
+        self.projector.feed(events)
 
     async def _append(self, batch: Sequence[ev.Event]) -> list[ev.AnyEvent]:
         appended = await self.r.store.append(
             self.thread_id, self.state.last_seq, batch, state=self.state, now=self.r.clock()
         )
         assert appended.state is not None
-        self.events.extend(appended.events)
+        self._seen(appended.events)
         self.state = appended.state
         return appended.events
 
@@ -171,7 +173,7 @@ class _Turn:
             msg = f"stopped after {cfg.max_decisions_per_input} model steps without a human"
             await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
             return
-        prompt = project(self.events, self.r.tools.all(), PROJECTION_VERSION)
+        prompt = self.projector.prompt()
         seq_asked = self.state.last_seq
         try:
             decision = await self.r.model.next_step(prompt)

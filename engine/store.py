@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlmodel import SQLModel
 
-from engine import faults, mapper
+from engine import faults, mapper, pg_fast
 from engine.db import DatabaseConfig, create_engine, parse_database_url
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
@@ -70,6 +71,17 @@ class Appended:
     deduplicated: bool = False
 
 
+def _stamp(
+    thread_id: str, events: Sequence[Event], expected_seq: int, state: ThreadState, now: datetime
+) -> tuple[list[AnyEvent], ThreadState]:
+    """Give drafts their envelope and apply them (IllegalTransition: nothing is written)."""
+    stamped: list[Any] = [
+        e.model_copy(update={"thread_id": thread_id, "seq": expected_seq + i, "created_at": now})
+        for i, e in enumerate(events, start=1)
+    ]
+    return stamped, reduce(stamped, state)
+
+
 def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
@@ -78,6 +90,9 @@ class Store:
     def __init__(self, engine: AsyncEngine, config: DatabaseConfig) -> None:
         self.engine = engine
         self.config = config
+        # PostgreSQL only: plain asyncpg connections for the one-round-trip append; the
+        # ORM pool's checkout and return alone cost more than the commit.
+        self._fast: pg_fast.Connections | None = None
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True, pool_size: int = 10) -> Store:
@@ -90,12 +105,17 @@ class Store:
                 await store.create_tables()
             else:
                 await store.ping()
+            if config.dialect == "postgresql":
+                store._fast = pg_fast.connections(config, pool_size)
         except BaseException:
-            await engine.dispose()
+            await store.close()
             raise
         return store
 
     async def close(self) -> None:
+        if self._fast is not None:
+            await self._fast.close()
+            self._fast = None
         await self.engine.dispose()
 
     async def create_tables(self) -> None:
@@ -261,6 +281,13 @@ class Store:
         """
         now = now or utcnow()
         keys = [e.dedupe_key for e in events if e.dedupe_key]
+        if state is not None and state.last_seq == expected_seq and not keys:
+            stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
+            crosses = new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY
+            if self._fast is not None and not crosses:
+                await self._append_pg(thread_id, expected_seq, stamped, new_state, now)
+                faults.hit("append")  # crash tests: die right after a commit
+                return Appended(events=stamped, state=new_state)
         try:
             async with self.engine.begin() as conn:
                 for key in keys:
@@ -271,13 +298,7 @@ class Store:
                     state = await self._load_txn(conn, thread_id)
                     if state.last_seq != expected_seq:
                         raise ConcurrencyConflict(thread_id, expected_seq)
-                stamped = [
-                    e.model_copy(
-                        update={"thread_id": thread_id, "seq": expected_seq + i, "created_at": now}
-                    )
-                    for i, e in enumerate(events, start=1)
-                ]
-                new_state = reduce(stamped, state)
+                stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
                 await self._move_thread_txn(conn, thread_id, expected_seq, new_state, now)
                 await conn.execute(EVENTS.insert(), [mapper.to_row(e) for e in stamped])
                 if new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY:
@@ -288,6 +309,26 @@ class Store:
             raise ConcurrencyConflict(thread_id, expected_seq) from exc
         faults.hit("append")  # crash tests: die right after a commit
         return Appended(events=stamped, state=new_state)
+
+    async def _append_pg(
+        self,
+        thread_id: str,
+        expected_seq: int,
+        stamped: list[AnyEvent],
+        state: ThreadState,
+        now: datetime,
+    ) -> None:
+        assert self._fast is not None
+        rows = [mapper.to_row(e) for e in stamped]
+        try:
+            moved = await pg_fast.append(self._fast, thread_id, expected_seq, rows, state, now)
+        except asyncpg.UniqueViolationError as exc:
+            raise ConcurrencyConflict(thread_id, expected_seq) from exc
+        except (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        if not moved:
+            await self.get_thread(thread_id)  # ThreadNotFound if it is not there at all
+            raise ConcurrencyConflict(thread_id, expected_seq)
 
     async def append(
         self,
@@ -358,6 +399,7 @@ class Store:
     ) -> bool:
         """Take the thread for ``ttl`` seconds unless another owner holds a live lease."""
         now = now or utcnow()
+        until = now + timedelta(seconds=ttl)
         free = sa.or_(
             THREADS.c.lease_owner.is_(None),
             THREADS.c.lease_owner == owner,
@@ -366,22 +408,21 @@ class Store:
         update = (
             THREADS.update()
             .where(THREADS.c.id == thread_id, free)
-            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl))
+            .values(lease_owner=owner, lease_expires_at=until)
         )
-        async with self.engine.begin() as conn:
-            return (await conn.execute(update)).rowcount == 1
+        args = (thread_id, owner, until, now)
+        return await self._update(update, pg_fast.ACQUIRE_SQL, *args) == 1
 
     async def renew_lease(
         self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
     ) -> bool:
-        now = now or utcnow()
+        until = (now or utcnow()) + timedelta(seconds=ttl)
         update = (
             THREADS.update()
             .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
-            .values(lease_expires_at=now + timedelta(seconds=ttl))
+            .values(lease_expires_at=until)
         )
-        async with self.engine.begin() as conn:
-            return (await conn.execute(update)).rowcount == 1
+        return await self._update(update, pg_fast.RENEW_SQL, thread_id, owner, until) == 1
 
     async def release_lease(self, thread_id: str, owner: str) -> None:
         update = (
@@ -389,8 +430,17 @@ class Store:
             .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
             .values(lease_owner=None, lease_expires_at=None)
         )
-        async with self.engine.begin() as conn:
-            await conn.execute(update)
+        await self._update(update, pg_fast.RELEASE_SQL, thread_id, owner)
+
+    async def _update(self, update: sa.Update, pg_sql: str, *args: Any) -> int:
+        """Run a one-statement write: on PostgreSQL as ``pg_sql`` in one round trip."""
+        if self._fast is None:
+            async with self.engine.begin() as conn:
+                return (await conn.execute(update)).rowcount
+        try:
+            return pg_fast.rows_of(await self._fast.execute(pg_sql, *args))
+        except (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError) as exc:
+            raise self._unavailable(exc) from exc
 
     async def due_threads(self, now: datetime | None = None, limit: int = 100) -> list[str]:
         """Threads with work and no live lease: timers due, or runnable and unowned."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
@@ -32,14 +33,21 @@ class Tool:
     args_model: type[BaseModel]
     func: Callable[..., Awaitable[Any]]
     poll: PollFn | None = None
+    _schema: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def input_schema(self) -> dict[str, Any]:
-        """JSON schema of the arguments, shaped for an Anthropic ``input_schema``."""
-        schema = dict(self.args_model.model_json_schema())
-        schema.pop("title", None)
-        schema["type"] = "object"
-        schema.setdefault("properties", {})
-        return schema
+        """JSON schema of the arguments, shaped for an Anthropic ``input_schema``.
+
+        Built once (pydantic's schema generation costs about a millisecond and every
+        model turn needs it); callers get a copy they may change.
+        """
+        if self._schema is None:
+            schema = dict(self.args_model.model_json_schema())
+            schema.pop("title", None)
+            schema["type"] = "object"
+            schema.setdefault("properties", {})
+            self._schema = schema
+        return copy.deepcopy(self._schema)
 
     def parse_arguments(self, arguments: dict) -> BaseModel:
         """Validate raw model-supplied arguments (raises pydantic ValidationError)."""
