@@ -30,7 +30,7 @@ from engine import events as ev
 from engine.context import PROJECTION_VERSION, Projector
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
-from engine.policy import arguments_hash, classify
+from engine.policy import Verdict, arguments_hash, classify
 from engine.state import PendingCall, ThreadState, next_action, reduce
 from engine.store import Store
 from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor
@@ -90,32 +90,44 @@ class Runner:
         ttl = self.config.lease_ttl_s
         if not await self.store.acquire_lease(thread_id, self.owner, ttl, now=self.clock()):
             return None
-        heartbeat = asyncio.create_task(self._heartbeat(thread_id))
+        lost = asyncio.Event()
+        heartbeat = asyncio.create_task(self._heartbeat(thread_id, lost))
         try:
-            return await _Turn(self, thread_id).run()
+            return await _Turn(self, thread_id, lost).run()
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            await self.store.release_lease(thread_id, self.owner)
+            try:
+                await self.store.release_lease(thread_id, self.owner)
+            except Exception:  # it expires on its own; do not mask what happened above
+                log.warning("lease release failed thread_id=%s", thread_id, exc_info=True)
 
-    async def _heartbeat(self, thread_id: str) -> None:
+    async def _heartbeat(self, thread_id: str, lost: asyncio.Event) -> None:
         ttl = self.config.lease_ttl_s
         while True:
             await asyncio.sleep(ttl / 3)
             try:
-                await self.store.renew_lease(thread_id, self.owner, ttl, now=self.clock())
+                held = await self.store.renew_lease(thread_id, self.owner, ttl, now=self.clock())
             except Exception:  # a blip; the next beat tries again before expiry
                 log.warning("lease renewal failed thread_id=%s", thread_id, exc_info=True)
+                continue
+            if not held:
+                # Expired and taken by another worker (a long pause, a partition): stop
+                # before starting anything new; appends stay safe through expected_seq.
+                log.warning("lease lost thread_id=%s owner=%s", thread_id, self.owner)
+                lost.set()
+                return
 
 
 class _Turn:
     """One leased run of one thread; caches the log it has read and written."""
 
-    def __init__(self, runner: Runner, thread_id: str) -> None:
+    def __init__(self, runner: Runner, thread_id: str, lost: asyncio.Event) -> None:
         self.r = runner
         self.thread_id = thread_id
-        self.events: list[ev.AnyEvent] = []
+        self.lost = lost
+        self.call_ids: set[str] = set()  # every tool_use id the model has used here
         self.projector = Projector(runner.tools.all(), PROJECTION_VERSION)
         self.state = ThreadState()
 
@@ -123,7 +135,7 @@ class _Turn:
         await self._reload()
         while True:
             action = next_action(self.state, self.r.clock())
-            if action == "none":
+            if action == "none" or self.lost.is_set():
                 return self.state
             try:
                 if action == "ask_model":
@@ -153,8 +165,10 @@ class _Turn:
         self.state = reduce(tail, self.state)
 
     def _seen(self, events: list[ev.AnyEvent]) -> None:
-        self.events.extend(events)
         self.projector.feed(events)
+        self.call_ids.update(
+            e.tool_call_id for e in events if e.type == "model_decision" and e.tool_call_id
+        )
 
     async def _append(self, batch: Sequence[ev.Event]) -> list[ev.AnyEvent]:
         appended = await self.r.store.append(
@@ -174,14 +188,11 @@ class _Turn:
             await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
             return
         prompt = self.projector.prompt()
-        seq_asked = self.state.last_seq
         try:
             decision = await self.r.model.next_step(prompt)
         except ModelError as exc:
             await self._model_failed(exc)
             return
-        if self.state.last_seq != seq_asked:  # pragma: no cover - defensive
-            raise ConcurrencyConflict(self.thread_id, seq_asked)
         await self._decide(decision, prompt.hash)
 
     async def _model_failed(self, exc: ModelError) -> None:
@@ -209,6 +220,10 @@ class _Turn:
             projection_version=PROJECTION_VERSION,
         )
         verdict = classify(decision, self.r.tools)
+        if use is not None and use.id in self.call_ids:
+            # The id makes the idempotency key: a reused one could pass for a call that
+            # already ran.
+            verdict = Verdict("reject", f"tool_use id {use.id!r} was already used in this thread")
         batch: list[ev.Event] = [record]
         if verdict.kind == "final":
             batch.append(ev.FinalAnswer(actor="model", text=decision.text))
@@ -279,6 +294,8 @@ class _Turn:
 
     async def _invoke(self, call: PendingCall) -> None:
         """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
+        if self.lost.is_set():
+            return  # the new owner re-runs this attempt's successor with the same key
         tool = self.r.tools.get(call.intent)
         ctx = ToolContext(
             thread_id=self.thread_id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
@@ -23,6 +24,8 @@ from engine.runner import Runner
 from engine.store import Store
 
 log = logging.getLogger("opsloop.scheduler")
+
+MAX_PAUSE_S = 60.0
 
 
 class Dispatcher:
@@ -45,6 +48,10 @@ class Dispatcher:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._closed = False
+        # Threads whose run raised, with when the sweep may try them again: a thread
+        # that fails each time must not be re-run every second. In memory on purpose:
+        # it only paces retries; the log alone decides what runs.
+        self._cooling: dict[str, tuple[int, float]] = {}
 
     def kick(self, thread_id: str) -> None:
         if self._closed:
@@ -53,6 +60,11 @@ class Dispatcher:
             self._again.add(thread_id)
             return
         self._tasks[thread_id] = asyncio.create_task(self._drive(thread_id))
+
+    def cooling(self, thread_id: str) -> bool:
+        """Whether the sweep should leave this thread alone for now (its run failed)."""
+        entry = self._cooling.get(thread_id)
+        return entry is not None and entry[1] > time.monotonic()
 
     @property
     def busy(self) -> int:
@@ -67,7 +79,17 @@ class Dispatcher:
                         await self._run(thread_id)
                     except Exception:
                         # The thread stays in the log as it was; the sweep retries later.
-                        log.exception("run failed thread_id=%s", thread_id)
+                        failures = self._cooling.get(thread_id, (0, 0.0))[0] + 1
+                        pause = min(MAX_PAUSE_S, 2.0**failures)
+                        self._cooling[thread_id] = (failures, time.monotonic() + pause)
+                        log.exception(
+                            "run failed thread_id=%s failures=%d retry_in=%.0fs",
+                            thread_id,
+                            failures,
+                            pause,
+                        )
+                    else:
+                        self._cooling.pop(thread_id, None)
                 if self._on_rest is not None:
                     await self._on_rest(thread_id)
                 if thread_id not in self._again or self._closed:
@@ -126,6 +148,7 @@ class Scheduler:
         except Exception:
             log.warning("sweep could not read the database", exc_info=True)
             return []
+        due = [t for t in due if not self.dispatcher.cooling(t)]
         for thread_id in due:
             self.dispatcher.kick(thread_id)
         return due

@@ -329,3 +329,37 @@ async def test_approval_outcome_runs_the_tool_only_when_approved(store, decision
     )  # fmt: skip
     await runner.run(tid)
     assert effects["deploy"] == (1 if decision == "approve" else 0)
+
+
+async def test_a_reused_tool_use_id_is_rejected(store):
+    effects: Counter = Counter()
+    twice = [call("lookup", _id="toolu_same", name=n) for n in ("a", "b")]
+    model = RecordingModel([*twice, say("ok")])
+    tid = await start(store)
+    state = await Runner(store, model, make_tools(effects)).run(tid)
+    assert state.status == "idle"
+    assert effects["lookup"] == 1  # the second call would have shared the first's key
+    assert "'toolu_same' was already used" in model.last_prompt_text()
+
+
+async def test_a_runner_that_lost_its_lease_starts_nothing_new(db_url):
+    a, b = await Store.open(db_url), await Store.open(db_url)
+    try:
+        effects: Counter = Counter()
+        gate = asyncio.Event()
+        model = RecordingModel([call("lookup", name="x"), say("done")], gate=gate)
+        tid = await start(a)
+        cfg = RunnerConfig(lease_ttl_s=0.3)
+        first = asyncio.create_task(Runner(a, model, make_tools(effects), cfg, owner="w1").run(tid))
+        await model.entered.wait()
+        # w1 stalls in the model call; its lease is taken over (as after a long pause).
+        await a.release_lease(tid, "w1")
+        assert await b.acquire_lease(tid, "w2", 60)
+        await asyncio.sleep(0.3)  # w1's next heartbeat finds the lease gone
+        gate.set()
+        await first
+        assert effects["lookup"] == 0  # w1 recorded its decision but ran nothing
+        assert (await a.get_thread(tid)).lease_owner == "w2"
+    finally:
+        await a.close()
+        await b.close()

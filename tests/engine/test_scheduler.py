@@ -91,3 +91,18 @@ async def test_a_kick_during_a_run_runs_the_thread_once_more():
     release.set()
     await dispatcher.idle()
     assert runs == ["t1", "t1"]
+
+
+async def test_a_thread_whose_run_keeps_failing_is_retried_with_growing_pauses():
+    calls: list[str] = []
+
+    async def run(thread_id: str) -> None:
+        calls.append(thread_id)
+        raise RuntimeError("a bug")
+
+    dispatcher = Dispatcher(run)
+    dispatcher.kick("t1")
+    await dispatcher.idle()
+    assert calls == ["t1"]
+    assert dispatcher.cooling("t1")
+    assert not dispatcher.cooling("t2")
