@@ -7,12 +7,9 @@ once, each side effect happened once (counted outside the process), one final an
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 from subprocess import PIPE
 
 import pytest
@@ -20,30 +17,14 @@ import pytest
 from engine.state import reduce
 from engine.store import Store
 from tests.support import crash_child
+from tests.support.processes import CHILD, child_env, lines, run_child
 
-ROOT = Path(__file__).resolve().parents[2]
-CHILD = ROOT / "tests" / "support" / "crash_child.py"
 # Commits of one undisturbed run: message, lookup decision+start, lookup result,
 # deploy decision+approval request, approval, deploy start, deploy result, answer.
 COMMITS = 8
 KILL_POINTS = [f"append:{k}" for k in range(1, COMMITS + 1)] + ["tool_effect:1", "tool_effect:2"]
 
 pytestmark = pytest.mark.slow
-
-
-def run_child(db_url: str, effects: Path, faults: str | None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DATABASE_URL": db_url, "EFFECTS_DIR": str(effects)}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OPSLOOP_FAULTS", None)
-    if faults:
-        env["OPSLOOP_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=90
-    )
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
 async def test_an_undisturbed_run_makes_exactly_the_commits_the_matrix_kills_after(
@@ -107,9 +88,7 @@ def test_child_script_matches_the_matrix():
 
 
 async def test_two_processes_driving_one_thread_at_once_never_double_anything(db_url, tmp_path):
-    env = {**os.environ, "DATABASE_URL": db_url, "EFFECTS_DIR": str(tmp_path)}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OPSLOOP_FAULTS", None)
+    env = child_env(db_url, tmp_path)
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable, str(CHILD), env=env, stdout=PIPE, stderr=PIPE

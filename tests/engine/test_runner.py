@@ -6,64 +6,14 @@ import asyncio
 from collections import Counter
 
 import pytest
-from pydantic import BaseModel
 
 from engine.inputs import decide_approval, finish_wait, post_user_message
 from engine.models.scripted import ask, call, say
 from engine.policy import ApproverPolicy
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
+from tests.support.demo_tools import make_tools
 from tests.support.fakes import FakeClock, RecordingModel
-from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor, tool
-
-
-class Args(BaseModel):
-    name: str
-
-
-def make_tools(effects: Counter) -> ToolRegistry:
-    reg = ToolRegistry()
-
-    @tool(registry=reg)
-    async def lookup(args: Args, ctx: ToolContext) -> dict:
-        """Look something up."""
-        effects["lookup"] += 1
-        return {"found": args.name}
-
-    @tool(policy="approve_before_run", registry=reg)
-    async def deploy(args: Args, ctx: ToolContext) -> dict:
-        """Deploy a service."""
-        effects["deploy"] += 1
-        return {"deployed": args.name}
-
-    @tool(registry=reg)
-    async def flaky(args: Args, ctx: ToolContext) -> dict:
-        """Fails twice, then works."""
-        effects[f"flaky:{ctx.attempt}"] += 1
-        if ctx.attempt < 3:
-            raise RetryableToolError("upstream 503")
-        return {"ok": ctx.attempt}
-
-    @tool(registry=reg)
-    async def broken(args: Args, ctx: ToolContext) -> dict:
-        """Always raises."""
-        raise ValueError("disk on fire")
-
-    @tool(policy="wait_for_external_event", registry=reg)
-    async def train(args: Args, ctx: ToolContext) -> WaitFor:
-        """Start a training job and wait for it."""
-        effects["train"] += 1
-        return WaitFor(
-            f"training {args.name}", data={"job": args.name}, timeout_s=60, poll_every_s=5
-        )
-
-    @train.poller
-    async def check(data: dict, ctx: ToolContext) -> dict | None:
-        effects["poll"] += 1
-        return {"job": data["job"], "accuracy": 0.9} if effects["poll"] >= 2 else None
-
-    return reg
-
 
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 

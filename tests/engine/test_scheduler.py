@@ -11,9 +11,9 @@ from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
 from engine.scheduler import Dispatcher, Worker
 from engine.store import Store, ThreadKey
-from tests.engine.test_crash_matrix import lines, run_child
-from tests.engine.test_runner import make_tools
 from tests.support import crash_child
+from tests.support.demo_tools import make_tools
+from tests.support.processes import lines, run_child
 
 
 async def wait_for_status(store: Store, thread_id: str, status: str, within: float = 20) -> None:

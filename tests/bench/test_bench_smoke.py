@@ -1,0 +1,31 @@
+"""The benchmark still runs and prints its one JSON line (not a speed assertion)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from tests.support.processes import ROOT
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+async def test_engine_overhead_prints_one_json_line(pg_url):
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": pg_url.split("?")[0], "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "bench" / "engine_overhead.py"), "--quick", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(300):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    done_stdout = out.decode()
+    (line,) = done_stdout.strip().splitlines()
+    result = json.loads(line)
+    assert result["bench"] == "engine_overhead"
+    for key in ("ratio_step_to_commit", "ratio_tx_throughput_to_raw", "load_reduce_10000_us"):
+        assert result[key] > 0
+    assert isinstance(result["pass"], bool)

@@ -1,0 +1,57 @@
+"""Tools of every policy for engine tests; ``effects`` counts what each really did."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pydantic import BaseModel
+
+from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor, tool
+
+
+class Args(BaseModel):
+    name: str
+
+
+def make_tools(effects: Counter) -> ToolRegistry:
+    reg = ToolRegistry()
+
+    @tool(registry=reg)
+    async def lookup(args: Args, ctx: ToolContext) -> dict:
+        """Look something up."""
+        effects["lookup"] += 1
+        return {"found": args.name}
+
+    @tool(policy="approve_before_run", registry=reg)
+    async def deploy(args: Args, ctx: ToolContext) -> dict:
+        """Deploy a service."""
+        effects["deploy"] += 1
+        return {"deployed": args.name}
+
+    @tool(registry=reg)
+    async def flaky(args: Args, ctx: ToolContext) -> dict:
+        """Fails twice, then works."""
+        effects[f"flaky:{ctx.attempt}"] += 1
+        if ctx.attempt < 3:
+            raise RetryableToolError("upstream 503")
+        return {"ok": ctx.attempt}
+
+    @tool(registry=reg)
+    async def broken(args: Args, ctx: ToolContext) -> dict:
+        """Always raises."""
+        raise ValueError("disk on fire")
+
+    @tool(policy="wait_for_external_event", registry=reg)
+    async def train(args: Args, ctx: ToolContext) -> WaitFor:
+        """Start a training job and wait for it."""
+        effects["train"] += 1
+        return WaitFor(
+            f"training {args.name}", data={"job": args.name}, timeout_s=60, poll_every_s=5
+        )
+
+    @train.poller
+    async def check(data: dict, ctx: ToolContext) -> dict | None:
+        effects["poll"] += 1
+        return {"job": data["job"], "accuracy": 0.9} if effects["poll"] >= 2 else None
+
+    return reg
