@@ -340,6 +340,57 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return asyncio.run(_trace(args))
 
 
+async def _replay(args: argparse.Namespace) -> int:
+    from engine.replay import replay, replay_all
+
+    load_tools(os.environ.get("OPSLOOP_TOOLS"))  # the model saw the tools configured here
+    store = await _open_store()
+    try:
+        info = await store.resolve_thread(args.thread)
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    tools = list(REGISTRY)
+    if args.all:
+        results = replay_all(events, tools)
+        for result in results:
+            print(result.verdict())
+        return 0 if all(r.matches for r in results) else 1
+    result = replay(events, tools, args.seq)
+    if args.json:
+        print(json.dumps(result.prompt.body(), ensure_ascii=False, sort_keys=True))
+    else:
+        _print_prompt(result.prompt)
+    print(result.verdict(), file=sys.stderr if args.json else sys.stdout)
+    return 0 if result.matches else 1
+
+
+def _print_prompt(prompt: Any) -> None:
+    system = (
+        prompt.system
+        if isinstance(prompt.system, str)
+        else " ".join(b["text"] for b in prompt.system)
+    )
+    print(f"system: {system}")
+    print(f"tools: {', '.join(t['name'] for t in prompt.tools)}")
+    for message in prompt.messages:
+        for block in message["content"]:
+            kind = block["type"]
+            if kind == "text":
+                body = block["text"]
+            elif kind == "tool_use":
+                args = json.dumps(block["input"], ensure_ascii=False)
+                body = f"{block['name']}({args}) id={block['id']}"
+            else:
+                error = " error" if block.get("is_error") else ""
+                body = f"{block['tool_use_id']}{error}: {block['content']}"
+            print(f"{message['role']:>9} {kind:<11} {body}")
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    return asyncio.run(_replay(args))
+
+
 # --- main ---------------------------------------------------------------------------
 
 
@@ -366,6 +417,15 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("thread", metavar="THREAD", help="a thread id or CHANNEL/THREAD_TS")
     trace.add_argument("--json", action="store_true", help="one JSON object per event")
     trace.set_defaults(func=_cmd_trace)
+
+    replay = sub.add_parser(
+        "replay", help="print the request a model decision was made from, checked by hash"
+    )
+    replay.add_argument("thread", metavar="THREAD", help="a thread id or CHANNEL/THREAD_TS")
+    replay.add_argument("--seq", type=int, help="the decision's seq (default: the latest)")
+    replay.add_argument("--json", action="store_true", help="print the request body as JSON")
+    replay.add_argument("--all", action="store_true", help="check every decision's hash")
+    replay.set_defaults(func=_cmd_replay)
     return parser
 
 

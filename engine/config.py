@@ -68,6 +68,9 @@ def runner_config(env: Mapping[str, str]) -> RunnerConfig:
         ),
         retry_base_s=_number(env, "OPSLOOP_RETRY_BASE_SECONDS", base.retry_base_s, minimum=0.01),
         tool_timeout_s=_number(env, "OPSLOOP_TOOL_TIMEOUT_SECONDS", base.tool_timeout_s, minimum=1),
+        context_budget_tokens=int(
+            _number(env, "OPSLOOP_CONTEXT_BUDGET_TOKENS", base.context_budget_tokens, minimum=1000)
+        ),
     )
 
 

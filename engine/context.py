@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine import compaction
 from engine import events as ev
 
 PROJECTION_VERSION = "v1"
@@ -46,11 +47,19 @@ class ToolSpec(Protocol):
 
 @dataclass(frozen=True)
 class Prompt:
-    system: str
+    """One Messages API request body (without model and max_tokens), and its identity."""
+
+    system: str | list[dict[str, Any]]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     version: str = PROJECTION_VERSION
     hash: str = field(default="")
+    # Size estimate: characters of the canonical JSON / 4 (a documented rule of thumb
+    # for English and JSON; the API's count is in usage.input_tokens afterwards).
+    estimated_tokens: int = 0
+    # How many model decisions the thread holds before this one (not sent, not hashed):
+    # a scripted model plays by it, since compaction hides older assistant turns.
+    turn: int = -1
 
     def body(self) -> dict[str, Any]:
         return {"system": self.system, "tools": self.tools, "messages": self.messages}
@@ -171,25 +180,101 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def _marked(block: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``block`` carrying a prompt-cache breakpoint."""
+    return {**block, "cache_control": EPHEMERAL}
+
+
 class Projector:
     """Incremental ``project``: feed events as the log grows, take a prompt any time.
 
-    A runner keeps one per turn so each model call projects only the new events, not
-    the whole log again. Only the last message can still change (``_Conversation.add``
-    extends it), so the canonical JSON of every earlier message is kept for the hash.
+    A runner keeps one per turn, so each model call projects only the new events. Only
+    the last message can still change (``_Conversation.add`` extends it), so the
+    canonical JSON of every earlier message is kept for the hash and the size estimate.
+
+    Compaction: each point where the model was asked with nothing open is a clean
+    boundary (the conversation ends with a user turn, the next event starts an
+    assistant turn). A ``context_compacted`` event replaces the messages before its
+    boundary by its summary; a projection may also *start* from that event
+    (``resume``) and then read only the events after ``upto_seq``, giving the same
+    prompt as folding the whole log.
+
+    Prompt caching: breakpoints on the system prompt, the last tool and the turn
+    before the newest one, so a long thread mostly re-sends cached tokens.
     """
 
     def __init__(self, tools: Iterable[ToolSpec], version: str = PROJECTION_VERSION) -> None:
         self.version = version
-        self.tools = tool_definitions(tools)
+        defs = tool_definitions(tools)
+        self.tools = [*defs[:-1], _marked(defs[-1])]
+        self.system = [_marked({"type": "text", "text": SYSTEM_PROMPT})]
+        self._head = _canon([version, self.system, self.tools])
         self._conv = _Conversation()
-        self._head = _canon([version, SYSTEM_PROMPT, self.tools])
         self._settled: list[str] = []  # canonical JSON of messages that can no longer change
+        self._boundaries: dict[int, int] = {}  # seq the model was asked after -> message index
+        self._upto = 0  # what the latest compaction summarised
+        self.digest = compaction.Digest()
+
+    def resume(self, compacted: ev.ContextCompacted) -> Projector:
+        """Start from a compaction; feed it the events after ``compacted.upto_seq`` next."""
+        self._conv = _Conversation()
+        self._conv.messages = [_summary_message(compacted)]
+        self._boundaries = {compacted.upto_seq: 1}
+        self._settled = []
+        self._upto = compacted.upto_seq
+        self.digest.restart(compacted)
+        return self
 
     def feed(self, events: Iterable[ev.Event]) -> Projector:
-        for event in events:
-            _project_event(self._conv, event)
+        conv = self._conv
+        for e in events:
+            if e.type == "model_decision" and e.seq and self._clean():
+                self._boundaries[e.seq - 1] = len(self._conv.messages)
+            if isinstance(e, ev.ContextCompacted):
+                self._compact(e)
+                conv = self._conv
+                continue
+            _project_event(conv, e)
+            self.digest.add(e)
         return self
+
+    def _clean(self) -> bool:
+        conv = self._conv
+        return conv.open_call is None and not conv.parked and bool(conv.messages)
+
+    def _compact(self, e: ev.ContextCompacted) -> None:
+        if e.upto_seq <= self._upto:
+            # Already covered: we resumed from this compaction or a later one (each
+            # compaction reaches further than the one before, as the reducer checks).
+            return
+        old = self._conv.messages
+        # A boundary is always known for compactions the runner makes; a hand-made one
+        # elsewhere summarises everything projected so far.
+        start = self._boundaries.get(e.upto_seq, len(old))
+        self._conv.messages = [_summary_message(e), *old[start:]]
+        self._boundaries = {
+            k: v - start + 1 for k, v in self._boundaries.items() if k >= e.upto_seq
+        }
+        self._boundaries[e.upto_seq] = 1
+        self._settled = []
+        self._upto = e.upto_seq
+        self.digest.restart(e)
+
+    def compaction_point(self, target_tokens: int) -> int | None:
+        """The oldest clean boundary whose tail fits ``target_tokens``, or the newest
+        one if none does; None if there is nothing to compact."""
+        self.prompt()  # settle message sizes
+        sizes = [len(m) for m in self._settled] + [len(_canon(self._conv.messages[-1]))]
+        total = sum(sizes)
+        candidates = sorted(k for k in self._boundaries if k > self._upto)
+        for seq in candidates:
+            tail = total - sum(sizes[: self._boundaries[seq]])
+            if tail // 4 <= target_tokens:
+                return seq
+        return candidates[-1] if candidates else None
 
     def prompt(self) -> Prompt:
         conv = self._conv
@@ -199,14 +284,33 @@ class Projector:
                 messages[-1]["content"].extend(conv.parked)
             else:
                 messages.append({"role": "user", "content": list(conv.parked)})
+        if len(messages) >= 3:
+            earlier = messages[-2]
+            earlier["content"] = [*earlier["content"][:-1], _marked(earlier["content"][-1])]
         settled = max(0, len(conv.messages) - 1)
         while len(self._settled) < settled:
             self._settled.append(_canon(conv.messages[len(self._settled)]))
         digest = hashlib.sha256(self._head.encode())
-        for part in [*self._settled, *(_canon(m) for m in messages[settled:])]:
+        size = len(self._head)
+        # The marked copy of messages[-2] is hashed as sent; the rest as settled.
+        parts = [*self._settled[: max(0, len(messages) - 2)]]
+        parts += [_canon(m) for m in messages[len(parts) :]]
+        for part in parts:
             digest.update(b"\n")
             digest.update(part.encode())
-        return Prompt(SYSTEM_PROMPT, messages, self.tools, self.version, digest.hexdigest())
+            size += len(part) + 1
+        return Prompt(
+            self.system,
+            messages,
+            self.tools,
+            self.version,
+            digest.hexdigest(),
+            estimated_tokens=size // 4,
+        )
+
+
+def _summary_message(e: ev.ContextCompacted) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": e.summary}]}
 
 
 def project(

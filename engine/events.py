@@ -233,6 +233,19 @@ class MessagePosted(Event):
     ts: str = ""
 
 
+class ContextCompacted(Event):
+    """Events up to ``upto_seq`` are replaced in the prompt by ``summary`` from here on.
+
+    Stored, so that every later projection (and a replay) sees the same summary,
+    whether code or a model wrote it.
+    """
+
+    type: Literal["context_compacted"] = "context_compacted"
+    upto_seq: int = Field(ge=1)
+    summary: str
+    method: Literal["deterministic", "model"] = "deterministic"
+
+
 AnyEvent = Annotated[
     UserMessage
     | ClarificationAnswered
@@ -254,7 +267,8 @@ AnyEvent = Annotated[
     | WaitFinished
     | WaitTimedOut
     | ErrorRaised
-    | MessagePosted,
+    | MessagePosted
+    | ContextCompacted,
     Field(discriminator="type"),
 ]
 

@@ -20,14 +20,14 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
 from engine import events as ev
-from engine.context import PROJECTION_VERSION, Projector
+from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import Verdict, arguments_hash, classify
@@ -51,6 +51,9 @@ class RunnerConfig:
     retry_max_s: float = 600.0
     max_decisions_per_input: int = 25
     tool_timeout_s: float = 600.0
+    # Above this estimate the prompt's older turns are compacted into a summary, keeping
+    # the recent ones within half of it.
+    context_budget_tokens: int = 60_000
 
     @classmethod
     def from_env(cls) -> RunnerConfig:
@@ -132,7 +135,7 @@ class _Turn:
         self.state = ThreadState()
 
     async def run(self) -> ThreadState:
-        await self._reload()
+        await self._start()
         while True:
             action = next_action(self.state, self.r.clock())
             if action == "none" or self.lost.is_set():
@@ -156,6 +159,19 @@ class _Turn:
     def _pending(self) -> PendingCall:
         assert self.state.pending is not None
         return self.state.pending
+
+    async def _start(self) -> None:
+        """Load the state, and the log from the latest compaction on (not all of it)."""
+        state = await self.r.store.load(self.thread_id)
+        upto = state.compaction[1] if state.compaction else 0
+        events = await self.r.store.select_events(self.thread_id, after=upto)
+        if state.compaction is not None:
+            (compacted,) = [e for e in events if e.seq == state.compaction[0]]
+            assert isinstance(compacted, ev.ContextCompacted)
+            self.projector.resume(compacted)
+        self._seen(events)
+        # Events appended between the two reads: fold them too.
+        self.state = reduce([e for e in events if e.seq > state.last_seq], state)
 
     async def _reload(self) -> None:
         """Catch up with the log. Ours is a prefix of it (the log only grows), so the
@@ -188,12 +204,30 @@ class _Turn:
             await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
             return
         prompt = self.projector.prompt()
+        if prompt.estimated_tokens > cfg.context_budget_tokens:
+            prompt = await self._compact(prompt)
+        prompt = replace(prompt, turn=self.state.decisions)
         try:
             decision = await self.r.model.next_step(prompt)
         except ModelError as exc:
             await self._model_failed(exc)
             return
         await self._decide(decision, prompt.hash)
+
+    async def _compact(self, prompt: Prompt) -> Prompt:
+        """Store a summary of the older turns; the prompt from now on starts with it."""
+        upto = self.projector.compaction_point(self.r.config.context_budget_tokens // 2)
+        if upto is None:
+            return prompt  # one turn alone exceeds the budget: nothing older to fold
+        summary = self.projector.digest.summary(upto)
+        await self._append([ev.ContextCompacted(upto_seq=upto, summary=summary)])
+        log.info(
+            "context compacted thread_id=%s upto_seq=%d tokens_before=%d",
+            self.thread_id,
+            upto,
+            prompt.estimated_tokens,
+        )
+        return self.projector.prompt()
 
     async def _model_failed(self, exc: ModelError) -> None:
         attempt = self.state.model_attempt + 1

@@ -83,8 +83,12 @@ class ThreadState(_Frozen):
     question: ev.ClarificationRequested | None = None
     consecutive_rejections: int = 0
     decisions_since_input: int = 0
+    decisions: int = 0  # model decisions in the whole thread
     model_attempt: int = 0  # consecutive failed model calls, from retry_scheduled
     model_retry_at: AwareDatetime | None = None
+    # The latest context_compacted: (its seq, the seq it summarises up to). A projection
+    # starts there instead of at the first event.
+    compaction: tuple[int, int] | None = None
 
     @property
     def wake_at(self) -> datetime | None:
@@ -185,6 +189,7 @@ def _model_decision(s: ThreadState, e: ev.ModelDecision) -> dict[str, Any]:
         "status": "running",
         "open_decision": e.tool_call_id or "",
         "decisions_since_input": s.decisions_since_input + 1,
+        "decisions": s.decisions + 1,
         "model_attempt": 0,
         "model_retry_at": None,
     }
@@ -313,6 +318,19 @@ def _error(s: ThreadState, e: ev.ErrorRaised) -> dict[str, Any]:
     }
 
 
+def _context_compacted(s: ThreadState, e: ev.ContextCompacted) -> dict[str, Any]:
+    _require(
+        s.status in ("running", "sleeping") and s.pending is None and s.open_decision is None,
+        e,
+        s,
+        "the prompt is compacted only right before asking the model",
+    )
+    seq = e.seq or s.last_seq + 1
+    done = s.compaction[1] if s.compaction else 0
+    _require(done < e.upto_seq < seq, e, s, f"upto_seq must be in ({done}, {seq})")
+    return {"compaction": (seq, e.upto_seq)}
+
+
 def _no_change(s: ThreadState, e: ev.Event) -> dict[str, Any]:
     return {}
 
@@ -339,6 +357,7 @@ _APPLY: dict[str, Callable[[ThreadState, Any], dict[str, Any]]] = {
     "wait_timed_out": _wait_closed,
     "error": _error,
     "message_posted": _no_change,
+    "context_compacted": _context_compacted,
 }
 
 

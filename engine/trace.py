@@ -179,6 +179,10 @@ def _message_posted(e: ev.MessagePosted) -> str:
     return f"posted {e.shows_event_id}" + (f" at {where}" if where else "")
 
 
+def _context_compacted(e: ev.ContextCompacted) -> str:
+    return f"prompt compacted: seq 1–{e.upto_seq} summarised ({len(e.summary)} chars, {e.method})"
+
+
 _SUMMARIES: dict[str, Callable[[Any], str]] = {
     "user_message": _user_message,
     "clarification_answered": _clarification_answered,
@@ -201,6 +205,7 @@ _SUMMARIES: dict[str, Callable[[Any], str]] = {
     "wait_timed_out": _wait_timed_out,
     "error": _error,
     "message_posted": _message_posted,
+    "context_compacted": _context_compacted,
 }
 
 

@@ -25,7 +25,8 @@ def call(tool_name: str, /, *, _id: str | None = None, _text: str = "", **argume
     ``_id`` the id is derived from the turn, so a replay after a restart gets the same."""
 
     def step(prompt: Prompt) -> Decision:
-        cid = _id or f"toolu_{assistant_turns(prompt):04d}"
+        turn = prompt.turn if prompt.turn >= 0 else assistant_turns(prompt)
+        cid = _id or f"toolu_{turn:04d}"
         use = ToolUse(id=cid, name=tool_name, input=dict(arguments))
         return Decision(text=_text, tool_use=use, stop_reason="tool_use")
 
@@ -41,7 +42,8 @@ def assistant_turns(prompt: Prompt) -> int:
 
 
 class ScriptedModel:
-    """Plays ``script[i]`` where i counts the assistant turns already in the prompt."""
+    """Plays ``script[i]``, i being the decisions already in the thread (``prompt.turn``,
+    or else the assistant turns in the prompt)."""
 
     name = "scripted"
 
@@ -54,7 +56,7 @@ class ScriptedModel:
         self.calls += 1
         if self.latency:
             await asyncio.sleep(self.latency)
-        index = assistant_turns(prompt)
+        index = prompt.turn if prompt.turn >= 0 else assistant_turns(prompt)
         if index >= len(self.script):
             return say("(the script has ended)")
         step = self.script[index]

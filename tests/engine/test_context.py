@@ -12,7 +12,7 @@ from hypothesis import given
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine.context import MAX_RESULT_CHARS, PROJECTION_VERSION, SYSTEM_PROMPT, project
+from engine.context import MAX_RESULT_CHARS, PROJECTION_VERSION, SYSTEM_PROMPT, Projector, project
 from tests.support.logs import (
     OTHER,
     PROPERTY,
@@ -117,7 +117,11 @@ def tool_results(message: dict[str, Any]) -> list[str]:
 def test_projection_is_a_well_formed_conversation(log: list[ev.Event]) -> None:
     messages = project(log, SPECS).messages
     assert messages and messages[0]["role"] == "user"
-    first = {"type": "text", "text": f"[{log[0].actor}] {log[0].text}"}
+    compactions = [e for e in log if isinstance(e, ev.ContextCompacted)]
+    if compactions:  # the latest summary stands for everything before its boundary
+        first = {"type": "text", "text": compactions[-1].summary}
+    else:
+        first = {"type": "text", "text": f"[{log[0].actor}] {log[0].text}"}
     assert messages[0]["content"][0] == first
     for before, after in itertools.pairwise(messages):
         assert before["role"] != after["role"], "roles alternate"
@@ -163,10 +167,12 @@ def test_projection_is_deterministic(log: list[ev.Event]) -> None:
 @given(log=legal_logs(max_size=40))
 def test_a_different_log_gives_a_different_hash(log: list[ev.Event]) -> None:
     base = project(log, SPECS).hash
-    edited = [log[0].model_copy(update={"text": log[0].text + "!"}), *log[1:]]
-    assert project(edited, SPECS).hash != base
-    other_actor = [log[0].model_copy(update={"actor": "U0THIRD"}), *log[1:]]
-    assert project(other_actor, SPECS).hash != base
+    if not any(isinstance(e, ev.ContextCompacted) for e in log):
+        # (a compaction's stored summary stands for the first message from then on)
+        edited = [log[0].model_copy(update={"text": log[0].text + "!"}), *log[1:]]
+        assert project(edited, SPECS).hash != base
+        other_actor = [log[0].model_copy(update={"actor": "U0THIRD"}), *log[1:]]
+        assert project(other_actor, SPECS).hash != base
     longer = [*log, user("one more", actor=OTHER)]
     assert project(longer, SPECS).hash != base
     assert project(log, SPECS[:1]).hash != base
@@ -191,8 +197,10 @@ def test_golden_conversation() -> None:
         ]
     )
     prompt = project(log, TOOLS.all())
-    assert prompt.system == SYSTEM_PROMPT
+    cache = {"type": "ephemeral"}  # prompt-cache breakpoints: system, tools, the last turn
+    assert prompt.system == [{"type": "text", "text": SYSTEM_PROMPT, "cache_control": cache}]
     assert [t["name"] for t in prompt.tools] == ["build", "deploy", "lookup", ev.CLARIFICATION_TOOL]
+    assert [t.get("cache_control") for t in prompt.tools] == [None, None, None, cache]
     assert prompt.tools[2]["description"] == "Look something up."
     assert prompt.tools[2]["input_schema"]["properties"] == {
         "target": {"default": "", "title": "Target", "type": "string"}
@@ -263,7 +271,13 @@ def test_golden_conversation() -> None:
         {"role": "assistant", "content": [{"type": "text", "text": "(empty reply)"}]},
         {
             "role": "user",
-            "content": [{"type": "text", "text": "Rejected by validation: the reply was empty"}],
+            "content": [
+                {
+                    "type": "text",
+                    "text": "Rejected by validation: the reply was empty",
+                    "cache_control": cache,
+                }
+            ],
         },
         {
             "role": "assistant",
@@ -319,3 +333,17 @@ def test_failed_tool_result_is_an_error_result() -> None:
         "content": "Tool failed: boom",
         "is_error": True,
     }
+
+
+@PROPERTY
+@given(log=legal_logs(min_size=8, max_size=60))
+def test_a_projection_resumed_at_a_compaction_equals_the_whole_fold(log: list[ev.Event]) -> None:
+    compactions = [e for e in log if isinstance(e, ev.ContextCompacted)]
+    whole = project(log, SPECS)
+    if not compactions:
+        return
+    last = compactions[-1]
+    resumed = Projector(SPECS).resume(last).feed(e for e in log if e.seq > last.upto_seq)
+    prompt = resumed.prompt()
+    assert prompt.messages == whole.messages
+    assert prompt.hash == whole.hash

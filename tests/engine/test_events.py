@@ -68,6 +68,7 @@ SAMPLES: dict[str, ev.Event] = {
         ev.WaitTimedOut(tool_call_id="toolu_6", wait_id="thr_1.abc"),
         ev.ErrorRaised(message="3 invalid decisions", kind="rejections"),
         ev.MessagePosted(shows_event_id="evt_1", channel="C1", ts="1700000000.000100"),
+        ev.ContextCompacted(upto_seq=12, summary="Task: deploy api. Steps: …"),
     ]
 }
 

@@ -146,6 +146,10 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.MessagePosted(**_env(21), shows_event_id="evt_9", channel="C1", ts="1700.1"),
         "posted evt_9 at C1/1700.1",
     ),
+    "context_compacted": (
+        ev.ContextCompacted(**_env(22), upto_seq=12, summary="x" * 40),
+        "prompt compacted: seq 1–12 summarised (40 chars, deterministic)",
+    ),
 }
 
 

@@ -261,6 +261,7 @@ class Simulator:
         self.state = ThreadState()
         self.log: list[ev.Event] = []
         self._decision: ev.ModelDecision | None = None
+        self._boundaries: list[int] = []  # seqs after which the model was asked
 
     @classmethod
     def replay(cls, log: Iterable[ev.Event], thread_id: str = THREAD_ID) -> Simulator:
@@ -270,6 +271,8 @@ class Simulator:
         return sim
 
     def push(self, event: ev.Event) -> None:
+        if isinstance(event, ev.ModelDecision):
+            self._boundaries.append(len(self.log))
         self.state = apply(self.state, event)
         self.log.append(event)
         if isinstance(event, ev.ModelDecision):
@@ -376,6 +379,12 @@ class Simulator:
             )
         if s.open_decision:
             out.append(ev.DecisionRejected(tool_call_id=s.open_decision, reason="bad arguments"))
+        done = s.compaction[1] if s.compaction else 0
+        later = [b for b in self._boundaries if b > done]
+        if later:
+            # As the runner does: summarise up to a point where the model was asked.
+            summary = f"[summary of events up to seq {later[-1]}]"
+            out.append(ev.ContextCompacted(upto_seq=later[-1], summary=summary))
         if s.pending is not None and s.pending.phase == "started":
             # A process died mid-call: the next one starts the next attempt.
             out.append(started(s.pending.tool_call_id, s.pending.attempt + 1))

@@ -1,0 +1,105 @@
+"""Deterministic summaries of a thread's older events, for compacting the prompt.
+
+When a prompt outgrows its token budget, the runner stores a ``context_compacted``
+event whose ``summary`` replaces the events up to ``upto_seq`` in every later prompt.
+The summary is a pure function of those events (and of the previous summary), so it
+is reproducible; it is stored anyway, so a replay never depends on this code's
+version. What people said, and every reviewer's rejection, is always kept; tool steps
+are kept newest first until the summary's size cap.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine import events as ev
+from engine.trace import one_line, summarize
+
+MAX_SUMMARY_CHARS = 6000
+MAX_PREVIOUS_CHARS = 2500
+HUMAN_WIDTH = 300
+STEP_WIDTH = 100
+
+# What a summary keeps whatever its size: people's words and their constraints.
+_KEEP = frozenset(
+    {"user_message", "clarification_answered", "approval_rejected", "thread_cancelled"}
+)
+_SHOWN = _KEEP | {
+    "clarification_requested",
+    "tool_call_requested",
+    "tool_result",
+    "approval_granted",
+    "approval_expired",
+    "wait_finished",
+    "wait_timed_out",
+    "decision_rejected",
+    "error",
+    "final_answer",
+}
+
+
+@dataclass(frozen=True)
+class _Line:
+    seq: int
+    keep: bool
+    text: str
+
+
+class Digest:
+    """The lines a future summary may need, collected as events are projected."""
+
+    def __init__(self) -> None:
+        self.task: str | None = None
+        self.previous: str | None = None
+        self.lines: list[_Line] = []
+
+    def add(self, e: ev.Event) -> None:
+        if e.type == "user_message" and self.task is None and self.previous is None:
+            self.task = one_line(f"[{e.actor}] {e.text}", 1000)  # type: ignore[attr-defined]
+            return
+        if e.type not in _SHOWN:
+            return
+        keep = e.type in _KEEP
+        text = one_line(f"seq {e.seq} {e.actor} {e.type}: {summarize(e)}", STEP_WIDTH)
+        if keep:
+            words = getattr(e, "text", None) or getattr(e, "reason", None) or summarize(e)
+            text = one_line(f"seq {e.seq} {e.actor} {e.type}: {words}", HUMAN_WIDTH)
+        self.lines.append(_Line(e.seq, keep, text))
+
+    def restart(self, compacted: ev.ContextCompacted) -> None:
+        """After a compaction, its summary stands for everything up to ``upto_seq``."""
+        self.previous = compacted.summary
+        self.task = None
+        self.lines = [line for line in self.lines if line.seq > compacted.upto_seq]
+
+    def summary(self, upto_seq: int) -> str:
+        """The summary of everything projected up to ``upto_seq``, within the size cap."""
+        head = [
+            f"[opsloop compacted this conversation: events up to seq {upto_seq} are "
+            "summarised here; `opsloop trace` shows them in full.]"
+        ]
+        if self.task:
+            head.append(f"Task: {self.task}")
+        if self.previous:
+            prev = self.previous
+            if len(prev) > MAX_PREVIOUS_CHARS:
+                prev = prev[:MAX_PREVIOUS_CHARS] + " …"
+            head += ["Earlier summary:", prev]
+        lines = [line for line in self.lines if line.seq <= upto_seq]
+        budget = MAX_SUMMARY_CHARS - sum(len(h) + 1 for h in head)
+        budget -= sum(len(line.text) + 1 for line in lines if line.keep)
+        chosen: set[int] = set()
+        for line in reversed(lines):  # newest steps first
+            if line.keep:
+                continue
+            if len(line.text) + 1 > budget:
+                break
+            budget -= len(line.text) + 1
+            chosen.add(line.seq)
+        body = [line.text for line in lines if line.keep or line.seq in chosen]
+        omitted = len(lines) - len(body)
+        if omitted:
+            body.insert(0, f"… {omitted} earlier steps omitted …")
+        return "\n".join([*head, "Steps:", *body] if body else head)
