@@ -1,0 +1,76 @@
+"""`opsloop replay` recomputes a decision's request from the log and checks its hash."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from engine.inputs import post_user_message
+from engine.models.scripted import ScriptedModel, call, say
+from engine.runner import Runner
+from engine.store import Store, ThreadKey
+from tests.bot.test_cli import run_cli
+from tools import REGISTRY, load_tools
+
+KEY = ThreadKey("T1", "C9", "1700000000.000900")
+
+
+async def seed(db: str) -> str:
+    load_tools(None)  # the built-ins, as the CLI will load them
+    store = await Store.open(db)
+    try:
+        posted = await post_user_message(
+            store, KEY, text="how do deploys work?", user="U1", dedupe_key="e1"
+        )
+        model = ScriptedModel([call("search_docs", query="deploy"), say("See docs/deploy.md.")])
+        await Runner(store, model, REGISTRY).run(posted.thread_id)
+        return posted.thread_id
+    finally:
+        await store.close()
+
+
+async def test_replay_prints_the_request_and_confirms_every_hash(sqlite_url, tmp_path):
+    await seed(sqlite_url)
+    ref = f"{KEY.channel}/{KEY.root_ts}"
+    shown = run_cli("replay", ref, db=sqlite_url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "how do deploys work?" in shown.stdout
+    assert "search_docs" in shown.stdout
+    assert ": ok (projection v1" in shown.stdout.splitlines()[-1]
+
+    every = run_cli("replay", ref, "--all", db=sqlite_url, cwd=tmp_path)
+    assert every.returncode == 0
+    assert [line.split(":")[1].strip()[:2] for line in every.stdout.splitlines()] == ["ok"] * 2
+
+    body = run_cli("replay", ref, "--seq", "2", "--json", db=sqlite_url, cwd=tmp_path)
+    assert body.returncode == 0
+    request = json.loads(body.stdout)
+    assert request["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "[U1] how do deploys work?"}]}
+    ]
+    assert {t["name"] for t in request["tools"]} >= {"search_docs", "request_clarification"}
+
+
+async def test_replay_reports_a_log_that_no_longer_matches(sqlite_url, tmp_path):
+    thread_id = await seed(sqlite_url)
+    store = await Store.open(sqlite_url)
+    try:
+        async with store.engine.begin() as conn:  # someone edits history behind our back
+            await conn.execute(
+                sa.text("UPDATE events SET payload = :p WHERE thread_id = :t AND seq = 1"),
+                {"p": json.dumps({"text": "something else", "source": {}}), "t": thread_id},
+            )
+    finally:
+        await store.close()
+    checked = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)
+    assert checked.returncode == 1
+    assert "MISMATCH" in checked.stdout
+
+
+async def test_replay_of_an_unknown_decision_is_one_line_and_exit_2(sqlite_url, tmp_path):
+    thread_id = await seed(sqlite_url)
+    done = run_cli("replay", thread_id, "--seq", "1", db=sqlite_url, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "no model decision at seq 1" in done.stderr
