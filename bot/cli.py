@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any, get_args
 from engine.config import Settings, load_settings
 from engine.db import database_url_from_env
 from engine.errors import ConfigError, EngineError, ThreadNotFound
-from engine.models.base import Decision
-from engine.models.scripted import ScriptedModel, say
 from engine.state import Status
 from engine.store import Store, ThreadInfo
 from engine.trace import format_usage, iso, trace_line, trace_record, usage_totals
@@ -44,7 +42,6 @@ EXIT_USAGE = 2
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 3000
 SHUTDOWN_TIMEOUT_S = 20.0
-UNCONFIGURED_MODEL_TEXT = "opsloop's model adapter is not configured yet"
 SECRET_VARS = (
     "SLACK_BOT_TOKEN",
     "SLACK_SIGNING_SECRET",
@@ -199,19 +196,6 @@ async def _trace(args: argparse.Namespace) -> int:
 # --- serve --------------------------------------------------------------------------
 
 
-class UnconfiguredModel(ScriptedModel):
-    """Until a model adapter is configured, every turn says so (and calls no tool)."""
-
-    name = "unconfigured"
-
-    def __init__(self) -> None:
-        super().__init__([say(UNCONFIGURED_MODEL_TEXT)])
-
-    async def next_step(self, prompt: Any) -> Decision:
-        self.calls += 1
-        return Decision(text=UNCONFIGURED_MODEL_TEXT, stop_reason="end_turn", model=self.name)
-
-
 async def slack_events_not_installed(_request: web.Request) -> web.Response:
     from aiohttp import web
 
@@ -241,8 +225,11 @@ def _listen_address() -> tuple[str, int]:
     return host, port
 
 
-def _missing_slack_settings() -> list[str]:
-    return [n for n in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET") if not os.environ.get(n)]
+REQUIRED_FOR_SERVE = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "ANTHROPIC_API_KEY")
+
+
+def _missing_settings() -> list[str]:
+    return [n for n in REQUIRED_FOR_SERVE if not os.environ.get(n, "").strip()]
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -257,20 +244,23 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
 async def _serve(settings: Settings, host: str, port: int) -> int:
     from aiohttp import web
 
+    from engine.models.anthropic import AnthropicModel
     from engine.runner import Runner
     from engine.scheduler import Worker
 
     modules = load_tools(settings.tools)
+    model = AnthropicModel.from_env()
     store = await Store.open(settings.database_url)
     # Logged once both worked, so a start-up failure is the one line main() prints.
     log.info("tools loaded: %s (%d tools)", ",".join(modules), len(list(REGISTRY)))
     log.info("database: %s", store.config.display())
+    log.info("model: %s", model.name)
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     web_runner: web.AppRunner | None = None
     worker: Worker | None = None
     try:
-        runner = Runner(store, UnconfiguredModel(), REGISTRY, settings.runner)
+        runner = Runner(store, model, REGISTRY, settings.runner)
         web_runner = web.AppRunner(build_app(store), handle_signals=False)
         await web_runner.setup()
         site = web.TCPSite(web_runner, host, port)
@@ -287,6 +277,7 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
         log.info("stopping")
     finally:
         await _shutdown(web_runner, worker, store)
+        await model.close()
     log.info("stopped")
     return 0
 
@@ -317,11 +308,10 @@ async def _shutdown(web_runner: Any, worker: Any, store: Store) -> None:
 
 
 def _cmd_serve(_args: argparse.Namespace) -> int:
-    missing = _missing_slack_settings()
+    missing = _missing_settings()
     if missing:
-        raise CliError(
-            f"{PROG} serve: set {' and '.join(missing)} (see README: Install in Slack)",
-        )
+        names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        raise CliError(f"{PROG} serve: set {names} (see README: Configuration)")
     settings = load_settings()  # every setting checked before anything starts
     host, port = _listen_address()
     configure_logging(logging.INFO)

@@ -34,6 +34,9 @@ class Registry(Protocol):
     def names(self) -> list[str]: ...
 
 
+_CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded", "pause_turn"})
+
+
 @dataclass(frozen=True)
 class Verdict:
     kind: Kind
@@ -43,8 +46,10 @@ class Verdict:
 def classify(decision: Decision, registry: Registry) -> Verdict:
     """Validate one decision and classify it."""
     use = decision.tool_use
-    if decision.stop_reason == "max_tokens":
-        return Verdict("reject", "the reply was cut off at max_tokens; nothing was executed")
+    if decision.stop_reason in _CUT_OFF:
+        # A tool call in a reply that was cut off may be partial: never execute it.
+        why = f"the reply was cut off ({decision.stop_reason}); nothing was executed"
+        return Verdict("reject", why)
     if decision.stop_reason == "refusal":
         return Verdict("reject", "the model refused to continue")
     if use is None:

@@ -66,6 +66,22 @@ class RunnerConfig:
         return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
 
 
+def projector_for(state: ThreadState, events: list[ev.AnyEvent], tools: ToolRegistry) -> Projector:
+    """A projector fed with what ``load_for_projection`` returned."""
+    projector = Projector(tools.all(), PROJECTION_VERSION)
+    compacted = [e for e in events if e.seq == (state.compaction or (0,))[0]]
+    if compacted:
+        assert isinstance(compacted[0], ev.ContextCompacted)
+        projector.resume(compacted[0])
+    return projector.feed(events)
+
+
+async def project_thread(store: Store, thread_id: str, tools: ToolRegistry) -> Prompt:
+    """The prompt the next model call of this thread would get (before any compaction)."""
+    state, events = await store.load_for_projection(thread_id)
+    return replace(projector_for(state, events, tools).prompt(), turn=state.decisions)
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -161,17 +177,9 @@ class _Turn:
         return self.state.pending
 
     async def _start(self) -> None:
-        """Load the state, and the log from the latest compaction on (not all of it)."""
-        state = await self.r.store.load(self.thread_id)
-        upto = state.compaction[1] if state.compaction else 0
-        events = await self.r.store.select_events(self.thread_id, after=upto)
-        if state.compaction is not None:
-            (compacted,) = [e for e in events if e.seq == state.compaction[0]]
-            assert isinstance(compacted, ev.ContextCompacted)
-            self.projector.resume(compacted)
-        self._seen(events)
-        # Events appended between the two reads: fold them too.
-        self.state = reduce([e for e in events if e.seq > state.last_seq], state)
+        self.state, events = await self.r.store.load_for_projection(self.thread_id)
+        self.projector = projector_for(self.state, events, self.r.tools)
+        self._note_call_ids(events)
 
     async def _reload(self) -> None:
         """Catch up with the log. Ours is a prefix of it (the log only grows), so the
@@ -182,6 +190,9 @@ class _Turn:
 
     def _seen(self, events: list[ev.AnyEvent]) -> None:
         self.projector.feed(events)
+        self._note_call_ids(events)
+
+    def _note_call_ids(self, events: list[ev.AnyEvent]) -> None:
         self.call_ids.update(
             e.tool_call_id for e in events if e.type == "model_decision" and e.tool_call_id
         )
@@ -233,7 +244,10 @@ class _Turn:
         attempt = self.state.model_attempt + 1
         log.warning("model call failed thread_id=%s attempt=%d: %s", self.thread_id, attempt, exc)
         if exc.retryable and attempt < self.r.config.max_model_attempts:
-            delay = exc.retry_after or self.r.config.backoff(attempt)
+            # The server's retry-after wins, within our own ceiling.
+            delay = min(
+                exc.retry_after or self.r.config.backoff(attempt), self.r.config.retry_max_s
+            )
             wake = self.r.clock() + timedelta(seconds=delay)
             await self._append([ev.RetryScheduled(attempt=attempt, wake_at=wake, error=str(exc))])
         else:

@@ -251,6 +251,35 @@ class Store:
             return ThreadState(thread_id=thread_id)
         return reduce((mapper.from_row(r) for r in rows), base)
 
+    async def load_for_projection(self, thread_id: str) -> tuple[ThreadState, list[AnyEvent]]:
+        """The state, and the events a prompt needs: those after the latest compaction's
+        ``upto_seq`` (its summary stands for the rest). One read: from the snapshot's
+        compaction on, folding onto the snapshot what lies past it."""
+        async with self.engine.connect() as conn:
+            snap = (
+                await conn.execute(
+                    sa.select(SNAPSHOTS.c.seq, SNAPSHOTS.c.state).where(
+                        SNAPSHOTS.c.thread_id == thread_id
+                    )
+                )
+            ).first()
+            base = ThreadState.model_validate_json(snap.state) if snap else None
+            start = base.compaction[1] if base is not None and base.compaction else 0
+            rows = (
+                await conn.execute(
+                    EVENTS.select()
+                    .where(EVENTS.c.thread_id == thread_id, EVENTS.c.seq > start)
+                    .order_by(EVENTS.c.seq)
+                )
+            ).all()
+            if base is None and not rows:
+                await self._load_txn(conn, thread_id)  # ThreadNotFound, or an empty thread
+        events = [mapper.from_row(r) for r in rows]
+        done = base.last_seq if base is not None else 0
+        state = reduce((e for e in events if e.seq > done), base)
+        upto = state.compaction[1] if state.compaction else 0
+        return state, [e for e in events if e.seq > upto]
+
     async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
         async with self.engine.connect() as conn:
             return await self._dedupe_txn(conn, thread_id, key)

@@ -10,9 +10,10 @@ import pytest
 
 from tests.support.processes import ROOT
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
+@pytest.mark.postgres
 async def test_engine_overhead_prints_one_json_line(pg_url):
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": pg_url.split("?")[0], "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
@@ -29,3 +30,19 @@ async def test_engine_overhead_prints_one_json_line(pg_url):
     for key in ("ratio_step_to_commit", "ratio_tx_throughput_to_raw", "load_reduce_10000_us"):
         assert result[key] > 0
     assert isinstance(result["pass"], bool)
+
+
+async def test_context_growth_prints_one_json_line():
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "bench" / "context_growth.py"), "--quick", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(300):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    (line,) = out.decode().strip().splitlines()
+    result = json.loads(line)
+    assert result["bench"] == "context_growth"
+    assert [row["events"] >= 7 for row in result["sizes"]] == [True, True, True]
+    assert all(row["prompt_tokens"] <= result["budget_tokens"] for row in result["sizes"])

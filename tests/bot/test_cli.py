@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -24,13 +27,18 @@ from engine.models.base import Decision
 from engine.models.scripted import ScriptedModel
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
+from tests.fakes.anthropic import FakeAnthropic
 from tools import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 OTHER = ThreadKey("T1", "C2", "1700000099.000200")
 FRESH = ThreadKey("T1", "C3", "1700000111.000300")
-SECRETS = {"SLACK_BOT_TOKEN": "xoxb-test-token-7f3a", "SLACK_SIGNING_SECRET": "sig-9b1c-secret"}
+SECRETS = {
+    "SLACK_BOT_TOKEN": "xoxb-test-token-7f3a",
+    "SLACK_SIGNING_SECRET": "sig-9b1c-secret",
+    "ANTHROPIC_API_KEY": "test-key",
+}
 
 
 def run_cli(
@@ -246,12 +254,13 @@ def test_serve_without_slack_settings_is_one_line_exit_2(tmp_path: Path) -> None
     proc = run_cli("serve", db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
     line = assert_one_line_error(proc)
     assert line == (
-        "opsloop serve: set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (see README: Install in Slack)"
+        "opsloop serve: set SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET and ANTHROPIC_API_KEY "
+        "(see README: Configuration)"
     )
     proc = run_cli(
         "serve", db=None, cwd=tmp_path, env={"SLACK_BOT_TOKEN": SECRETS["SLACK_BOT_TOKEN"]}
     )
-    line = assert_one_line_error(proc, "SLACK_SIGNING_SECRET")
+    line = assert_one_line_error(proc, "SLACK_SIGNING_SECRET and ANTHROPIC_API_KEY")
     assert "SLACK_BOT_TOKEN" not in line
     assert not (tmp_path / "opsloop.db").exists()  # nothing was started
 
@@ -327,8 +336,32 @@ async def _final_answer(url: str, thread_id: str) -> str | None:
     return next((e.text for e in events if e.type == "final_answer"), None)
 
 
+@contextlib.contextmanager
+def fake_anthropic_in_a_thread() -> Iterator[FakeAnthropic]:
+    """The fake Messages API on its own event loop, for a test that blocks on a process."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fake = FakeAnthropic()
+    asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(10)
+    try:
+        yield fake
+    finally:
+        asyncio.run_coroutine_threadsafe(fake.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
 @pytest.mark.slow
 def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    with fake_anthropic_in_a_thread() as claude:
+        claude.text("Yes, I am here.")
+        _serve_and_stop(tmp_path, claude)
+        claude.assert_clean()
+
+
+def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic) -> None:
     db = f"sqlite:///{tmp_path / 'serve.db'}"
     waiting = asyncio.run(_post(db, "anyone there?"))
     port = _free_port()
@@ -341,6 +374,7 @@ def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> N
         SECRETS,
         PYTHONPATH=str(ROOT),
         DATABASE_URL=db,
+        ANTHROPIC_BASE_URL=claude.url,
         OPSLOOP_HOST="127.0.0.1",
         PORT=str(port),
     )
@@ -368,12 +402,12 @@ def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> N
             503,
             {"error": "slack front door not installed in this version"},
         )
-        # The worker runs: the thread left waiting gets the placeholder model's answer.
+        # The worker runs: the thread left waiting gets Claude's answer (the fake's).
         while (answer := asyncio.run(_final_answer(db, waiting))) is None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the worker did not run the thread"
             time.sleep(0.2)
-        assert answer == "opsloop's model adapter is not configured yet"
+        assert answer == "Yes, I am here."
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:

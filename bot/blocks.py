@@ -1,0 +1,679 @@
+"""Block Kit rendering: pure functions of events and state to Slack message JSON.
+
+What a Slack thread shows is a projection of the log (DESIGN, "Slack"): the approval
+card and its decided form, one compact line per event people need to see, the thread's
+status line, the reject-reason modal, and the plain ``text`` sent alongside for
+notifications. Every text that the model, a tool or a person wrote goes through
+:func:`bot.mrkdwn.escape`; our own mentions and dates are the only ``<…>`` tokens.
+
+Every renderer keeps within Slack's limits (https://docs.slack.dev/reference/block-kit/blocks);
+:func:`check_limits` lists violations and the tests run it on every renderer with
+oversized inputs.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, Literal, NamedTuple, Protocol
+
+from bot import mrkdwn as md
+from bot.mrkdwn import date, escape, inline_code, mention, slack_len, truncate
+from engine import events as ev
+from engine.state import ThreadState
+from engine.trace import summarize
+
+Block = dict[str, Any]
+Outcome = Literal["approved", "rejected", "expired", "cancelled"]
+
+APPROVE_ACTION = "opsloop_approve"
+REJECT_ACTION = "opsloop_reject"
+CANCEL_ACTION = "opsloop_cancel"
+REJECT_CALLBACK = "opsloop_reject_reason"
+REASON_BLOCK = REASON_ACTION = "reason"
+APPROVAL_BLOCK_PREFIX = "opsloop_approval:"
+
+# Slack's limits, in one place (block, element and view references on docs.slack.dev).
+MAX_MESSAGE_BLOCKS = 50
+MAX_VIEW_BLOCKS = 100
+MAX_TEXT = 3000  # any text object, a section's text included
+MAX_FIELD_TEXT = 2000
+MAX_FIELDS = 10
+MAX_HEADER_TEXT = 150
+MAX_CONTEXT_ELEMENTS = 10
+MAX_ACTIONS_ELEMENTS = 25
+MAX_BUTTON_TEXT = 75
+MAX_BUTTON_VALUE = 2000
+MAX_URL = 3000
+MAX_ID = 255  # action_id, block_id, callback_id
+MAX_CONFIRM = {"title": 100, "text": 300, "confirm": 30, "deny": 30}
+MAX_VIEW_TITLE = 24  # and submit, close
+MAX_PRIVATE_METADATA = 3000
+MAX_INPUT_LABEL = 2000
+MAX_INPUT_LENGTH = 3000
+MAX_PLACEHOLDER = 150
+MAX_FALLBACK_TEXT = 3000
+REASON_MAX_LENGTH = 2000
+
+LINE_EXCERPT = 300  # a compact line shows this much of arguments, outputs, errors
+CARD_ARGUMENTS = 2800
+
+# Events shown by event_line; the approval events are shown by the card instead.
+SHOWN_TYPES = frozenset(
+    {
+        "tool_call_requested",
+        "tool_result",
+        "retry_scheduled",
+        "wait_started",
+        "wait_finished",
+        "wait_timed_out",
+        "clarification_requested",
+        "decision_rejected",
+        "error",
+        "final_answer",
+        "thread_cancelled",
+    }
+)
+CARD_TYPES = frozenset(
+    {"approval_requested", "approval_granted", "approval_rejected", "approval_expired"}
+)
+# Statuses in which the thread can be cancelled (the reducer refuses it when "new").
+ACTIVE = frozenset({"running", "awaiting_approval", "awaiting_reply", "awaiting_job", "sleeping"})
+
+
+class CallLike(Protocol):
+    """A ``tool_call_requested`` event or a ``PendingCall``."""
+
+    @property
+    def tool_call_id(self) -> str: ...
+    @property
+    def intent(self) -> str: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
+
+
+class Binding(NamedTuple):
+    """What a button or modal is about: exactly one pending call of one thread."""
+
+    thread_id: str
+    tool_call_id: str
+    arguments_hash: str
+
+
+def binding_value(thread_id: str, tool_call_id: str, arguments_hash: str) -> str:
+    """Compact JSON ``{"t", "c", "h"}`` for a button value or a modal's metadata."""
+    value = json.dumps(
+        {"t": thread_id, "c": tool_call_id, "h": arguments_hash}, separators=(",", ":")
+    )
+    if len(value) > MAX_BUTTON_VALUE:
+        raise ValueError(f"ids too long for a button value ({len(value)} characters)")
+    return value
+
+
+def parse_binding(value: str | None) -> Binding:
+    """The binding in a click's ``value``; ``ValueError`` if malformed or forged."""
+    try:
+        data = json.loads(value or "")
+    except ValueError as exc:
+        raise ValueError("not a binding: not JSON") from exc
+    if not isinstance(data, dict) or set(data) != {"t", "c", "h"}:
+        raise ValueError("not a binding: wrong keys")
+    if not all(isinstance(data[k], str) and data[k] for k in ("t", "c", "h")):
+        raise ValueError("not a binding: empty or non-string ids")
+    return Binding(data["t"], data["c"], data["h"])
+
+
+# --- small builders ---------------------------------------------------------------------
+
+
+def _plain(text: str, limit: int = MAX_TEXT) -> dict[str, Any]:
+    """plain_text, escaped too: Slack decodes the three entities everywhere."""
+    return {"type": "plain_text", "text": truncate(escape(text), limit) or " ", "emoji": True}
+
+
+def _mrkdwn(text: str, limit: int = MAX_TEXT) -> dict[str, Any]:
+    """mrkdwn from text that is already escaped (or ours)."""
+    return {"type": "mrkdwn", "text": truncate(text, limit) or " "}
+
+
+def _section(text: str, **extra: Any) -> Block:
+    return {"type": "section", "text": _mrkdwn(text), **extra}
+
+
+def _context(*texts: str) -> Block:
+    return {"type": "context", "elements": [_mrkdwn(t) for t in texts[:MAX_CONTEXT_ELEMENTS]]}
+
+
+def _header(text: str) -> Block:
+    return {"type": "header", "text": _plain(text, MAX_HEADER_TEXT)}
+
+
+def _confirm(title: str, text: str, confirm: str, deny: str, style: str) -> dict[str, Any]:
+    return {
+        "title": _plain(title, MAX_CONFIRM["title"]),
+        "text": _mrkdwn(text, MAX_CONFIRM["text"]),
+        "confirm": _plain(confirm, MAX_CONFIRM["confirm"]),
+        "deny": _plain(deny, MAX_CONFIRM["deny"]),
+        "style": style,
+    }
+
+
+def _button(text: str, action_id: str, value: str, style: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "button",
+        "text": _plain(text, MAX_BUTTON_TEXT),
+        "action_id": action_id,
+        "value": value,
+        "style": style,
+        **extra,
+    }
+
+
+def _excerpt(value: Any, limit: int = LINE_EXCERPT) -> str:
+    """``value`` as escaped one-line inline code, at most ``limit`` characters of it."""
+    text = value if isinstance(value, str) else md.compact_json(value)
+    return inline_code(truncate(md.one_line(text), limit))
+
+
+def _short(text: str, limit: int = LINE_EXCERPT) -> str:
+    """Escaped one-line excerpt of a free text (an error, a reason)."""
+    return truncate(md.fence_safe(escape(md.one_line(text))), limit)
+
+
+def _tool(name: str, limit: int = 100) -> str:
+    """A tool name in bold: escaped, on one line, ``*`` and backticks neutralised."""
+    flat = escape(md.one_line(name)).replace("*", "∗").replace("`", "ˋ")
+    return f"*{truncate(flat, limit)}*"
+
+
+# --- the approval card ------------------------------------------------------------------
+
+
+def approval_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    expires_at: datetime,
+    arguments_hash: str | None = None,
+) -> list[Block]:
+    """The card asking a reviewer to approve ``call``, bound to it by its arguments hash.
+
+    ``arguments_hash`` defaults to ``call.arguments_hash`` (a ``PendingCall`` has it; a
+    ``tool_call_requested`` event does not, so pass the ``approval_requested`` one).
+    """
+    args_hash = arguments_hash or getattr(call, "arguments_hash", "")
+    if not args_hash:
+        raise ValueError("an approval card needs the call's arguments hash")
+    value = binding_value(thread_id, call.tool_call_id, args_hash)
+    approve = _button(
+        "Approve",
+        APPROVE_ACTION,
+        value,
+        "primary",
+        confirm=_confirm(
+            f"Run {md.one_line(call.intent)}?",
+            f"opsloop runs {_tool(call.intent, 60)} with the arguments shown, "
+            f"as {mention(requester)} asked.",
+            "Approve",
+            "Not yet",
+            "primary",
+        ),
+    )
+    actions = {
+        "type": "actions",
+        "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
+        "elements": [approve, _button("Reject", REJECT_ACTION, value, "danger")],
+    }
+    expiry = _context(f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}")
+    return [
+        *_card_body(f"Approval needed: {call.intent}", thread_id, requester, call, reason),
+        expiry,
+        actions,
+    ]
+
+
+_OUTCOME_TITLES: dict[str, str] = {
+    "approved": "Approved",
+    "rejected": "Rejected",
+    "expired": "Approval expired",
+    "cancelled": "Cancelled",
+}
+
+
+def decided_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    expires_at: datetime,
+    outcome: Outcome,
+    by: str | None,
+    at: datetime,
+    decision_reason: str = "",
+    arguments_hash: str | None = None,
+) -> list[Block]:
+    """The card after the decision: no buttons, and who decided what, when and why.
+
+    Takes the inputs of :func:`approval_card` (``reason`` stays the model's stated
+    reason) plus the outcome; ``decision_reason`` is the reviewer's reject reason.
+    """
+    del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
+    when = date(at)
+    if outcome == "approved":
+        line = f"✅ Approved by {mention(by)} at {when}"
+    elif outcome == "rejected":
+        line = f"❌ Rejected by {mention(by)} at {when}"
+        if decision_reason.strip():
+            line += f" — {escape(decision_reason.strip())}"
+    elif outcome == "expired":
+        line = f"⌛ Expired at {when}: nobody decided in time"
+    else:
+        line = f"🚫 Cancelled by {mention(by)} at {when}" if by else f"🚫 Cancelled at {when}"
+    title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
+    return [
+        *_card_body(title, thread_id, requester, call, reason),
+        _context(f"call {inline_code(call.tool_call_id)}"),
+        _section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
+    ]
+
+
+def _card_body(
+    title: str, thread_id: str, requester: str | None, call: CallLike, reason: str
+) -> list[Block]:
+    who = {
+        "type": "section",
+        "fields": [
+            _mrkdwn(f"*Requested by*\n{mention(requester)}", MAX_FIELD_TEXT),
+            _mrkdwn(f"*Tool*\n{_tool(call.intent)}", MAX_FIELD_TEXT),
+        ],
+    }
+    label = "*Arguments*\n"
+    arguments = md.code_block(
+        md.pretty_json(call.arguments),
+        CARD_ARGUMENTS - len(label),
+        md.trace_pointer(thread_id),
+    )
+    why = escape(reason.strip()) if reason.strip() else "_The model gave no reason._"
+    why = truncate(f"*Why*\n{why}", MAX_TEXT, md.trace_pointer(thread_id))
+    return [_header(title), who, _section(label + arguments), _section(why)]
+
+
+# --- one line per event -----------------------------------------------------------------
+
+
+def event_line(
+    event: ev.Event, *, tool_name: str | None = None, requester: str | None = None
+) -> list[Block] | None:
+    """The blocks showing ``event`` in the thread, or None when it is not shown there.
+
+    ``tool_name`` names the call of a result or retry (those events carry only its id);
+    ``requester`` is pinged by a clarification question. A ``tool_call_requested`` that
+    needs approval is shown by its card, not here.
+    """
+    render = _LINES.get(event.type)
+    return render(event, tool_name, requester) if render else None
+
+
+def _call_name(call_id: str | None, tool_name: str | None) -> str:
+    if tool_name:
+        return _tool(tool_name)
+    return inline_code(call_id) if call_id else "the model call"
+
+
+def _tool_call(e: ev.ToolCallRequested, _name: str | None, _req: str | None) -> list[Block] | None:
+    if e.policy == "approve_before_run":
+        return None  # the approval card shows this call
+    waits = " (waits for an external job)" if e.policy == "wait_for_external_event" else ""
+    return [_context(f"🔧 {_tool(e.intent)} {_excerpt(e.arguments)}{waits}")]
+
+
+def _tool_result(e: ev.ToolResult, name: str | None, _req: str | None) -> list[Block]:
+    who = _call_name(e.tool_call_id, name)
+    if e.ok:
+        shown = "" if e.output is None else f": {_excerpt(e.output, 200)}"
+        return [_context(f"✔️ {who} done{shown}")]
+    return [_context(f"⚠️ {who} failed: {_short(e.error or 'no error message')}")]
+
+
+def _retry(e: ev.RetryScheduled, name: str | None, _req: str | None) -> list[Block]:
+    who = _call_name(e.tool_call_id, name)
+    return [
+        _context(
+            f"🔁 Attempt {e.attempt} of {who} failed: {_short(e.error, 200)}; "
+            f"retrying {date(e.wake_at)}"
+        )
+    ]
+
+
+def _wait_started(e: ev.WaitStarted, _name: str | None, _req: str | None) -> list[Block]:
+    return [
+        _context(f"⏳ Waiting for {_short(e.description, 500)} (gives up {date(e.timeout_at)})")
+    ]
+
+
+def _wait_finished(e: ev.WaitFinished, _name: str | None, _req: str | None) -> list[Block]:
+    shown = f": {_excerpt(e.result, 200)}" if e.result else ""
+    return [_context(f"✔️ The wait is over{shown}")]
+
+
+def _wait_timed_out(e: ev.WaitTimedOut, _name: str | None, _req: str | None) -> list[Block]:
+    return [_context(f"⌛ Gave up waiting ({inline_code(e.wait_id)}): it timed out")]
+
+
+def _question(e: ev.ClarificationRequested, _name: str | None, req: str | None) -> list[Block]:
+    ping = f"{mention(req)} " if req else ""
+    text = truncate(f"❓ {ping}{escape(e.question)}", MAX_TEXT, md.trace_pointer(e.thread_id))
+    return [_section(text), _context("Reply in this thread to answer.")]
+
+
+def _decision_rejected(e: ev.DecisionRejected, _n: str | None, _r: str | None) -> list[Block]:
+    return [_context(f"↩️ The model's proposal was refused: {_short(e.reason)}")]
+
+
+def _error(e: ev.ErrorRaised, _name: str | None, _req: str | None) -> list[Block]:
+    text = f"⚠️ *{_short(e.kind, 100)}*: {escape(e.message)}"
+    return [
+        _section(truncate(text, MAX_TEXT, md.trace_pointer(e.thread_id))),
+        _context(f"This thread needs a human. Details: {_trace(e.thread_id)}"),
+    ]
+
+
+def _final_answer(e: ev.FinalAnswer, _name: str | None, _req: str | None) -> list[Block]:
+    return answer_blocks(e.text, e.thread_id)
+
+
+def _cancelled(e: ev.ThreadCancelled, _name: str | None, _req: str | None) -> list[Block]:
+    why = f": {_short(e.reason)}" if e.reason.strip() else ""
+    return [_context(f"🚫 Cancelled by {mention(e.actor)}{why}")]
+
+
+_LINES: dict[str, Callable[[Any, str | None, str | None], list[Block] | None]] = {
+    "tool_call_requested": _tool_call,
+    "tool_result": _tool_result,
+    "retry_scheduled": _retry,
+    "wait_started": _wait_started,
+    "wait_finished": _wait_finished,
+    "wait_timed_out": _wait_timed_out,
+    "clarification_requested": _question,
+    "decision_rejected": _decision_rejected,
+    "error": _error,
+    "final_answer": _final_answer,
+    "thread_cancelled": _cancelled,
+}
+
+
+def answer_blocks(text: str, thread_id: str, max_blocks: int = MAX_MESSAGE_BLOCKS) -> list[Block]:
+    """The model's text as mrkdwn sections: split over 3000 characters, at most
+    ``max_blocks`` of them, the last one pointing to the trace when cut."""
+    chunks = md.split_text(escape(text.strip()), MAX_TEXT) or ["_(empty answer)_"]
+    if len(chunks) > max_blocks:
+        chunks = chunks[:max_blocks]
+        last = truncate(chunks[-1], MAX_TEXT - 300)
+        if last.count("```") % 2:  # the cut dropped the chunk's closing fence
+            last += "\n```"
+        chunks[-1] = f"{last}\n{md.trace_pointer(thread_id)}"
+    return [_section(c) for c in chunks]
+
+
+def _trace(thread_id: str) -> str:
+    return inline_code(f"opsloop trace {thread_id}")
+
+
+# --- the status line --------------------------------------------------------------------
+
+
+def status_text(state: ThreadState, approvers: Sequence[str] = ()) -> str:
+    """One line saying what the thread is doing or waiting for (mrkdwn)."""
+    call = state.pending
+    status = state.status
+    if status == "awaiting_approval" and call is not None:
+        who = ", ".join(_approver(a) for a in approvers[:10]) or "a reviewer"
+        expires = f" (expires {date(call.expires_at)})" if call.expires_at else ""
+        return f"⏸️ Waiting for approval from {who} to run {_tool(call.intent)}{expires}"
+    if status == "awaiting_reply":
+        return f"💬 Waiting for your reply, {mention(state.requester)}: answer in this thread"
+    if status == "awaiting_job" and call is not None and call.wait is not None:
+        return (
+            f"⏳ Waiting for job: {_short(call.wait.description, 500)} "
+            f"(gives up {date(call.wait.timeout_at)})"
+        )
+    if status == "sleeping" and state.wake_at is not None:
+        return f"🔁 Retrying at {date(state.wake_at)}"
+    return _STATUS_TEXT.get(status, "⚙️ Working…")
+
+
+_STATUS_TEXT = {
+    "idle": "✅ Done",
+    "failed": "⚠️ Failed: needs a human",
+    "cancelled": "🚫 Cancelled",
+    "sleeping": "🔁 Retrying soon",
+    "awaiting_approval": "⏸️ Waiting for approval",
+    "awaiting_job": "⏳ Waiting for a job",
+}
+
+
+def _approver(approver: str) -> str:
+    return md.group_mention(approver) if approver.startswith("S") else mention(approver)
+
+
+def status_message(
+    state: ThreadState, thread_id: str, *, approvers: Sequence[str] = ()
+) -> list[Block]:
+    """The thread's status line, with a Cancel button while the thread is active.
+
+    ``approvers`` (user and user-group ids) are named while an approval is awaited.
+    """
+    section = _section(status_text(state, approvers))
+    if state.status in ACTIVE:
+        section["accessory"] = _button(
+            "Cancel",
+            CANCEL_ACTION,
+            thread_id,
+            "danger",
+            confirm=_confirm(
+                "Cancel this thread?",
+                "opsloop stops working on it. A tool call already running is not undone.",
+                "Cancel thread",
+                "Keep going",
+                "danger",
+            ),
+        )
+    return [section, _context(f"Thread {inline_code(thread_id)} · full log: {_trace(thread_id)}")]
+
+
+# --- the reject modal -------------------------------------------------------------------
+
+
+def reject_modal(
+    *, thread_id: str, tool_call_id: str, arguments_hash: str, tool_name: str
+) -> dict[str, Any]:
+    """The ``views.open`` modal asking for an optional reason to reject a call."""
+    return {
+        "type": "modal",
+        "callback_id": REJECT_CALLBACK,
+        "private_metadata": binding_value(thread_id, tool_call_id, arguments_hash),
+        "title": _plain("Reject tool call", MAX_VIEW_TITLE),
+        "submit": _plain("Reject", MAX_VIEW_TITLE),
+        "close": _plain("Cancel", MAX_VIEW_TITLE),
+        "blocks": [
+            _section(f"Reject {_tool(tool_name)}? The model sees your reason."),
+            {
+                "type": "input",
+                "block_id": REASON_BLOCK,
+                "optional": True,
+                "label": _plain("Reason (optional)", MAX_INPUT_LABEL),
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": REASON_ACTION,
+                    "multiline": True,
+                    "max_length": REASON_MAX_LENGTH,
+                    "placeholder": _plain("What should it do instead?", MAX_PLACEHOLDER),
+                },
+            },
+        ],
+    }
+
+
+# --- the notification text --------------------------------------------------------------
+
+
+def fallback_text(blocks_or_event: Sequence[Block] | ev.Event) -> str:
+    """The plain ``text`` sent with blocks (notifications, screen readers), escaped."""
+    if isinstance(blocks_or_event, ev.Event):
+        blocks = event_line(blocks_or_event)
+        if blocks is None:
+            return truncate(escape(summarize(blocks_or_event)), MAX_FALLBACK_TEXT) or " "
+        blocks_or_event = blocks
+    parts = [_strip_fences(t) for t in _texts(blocks_or_event)]
+    text = " · ".join(p for p in parts if p.strip()) or "opsloop"
+    return truncate(text, MAX_FALLBACK_TEXT)
+
+
+def _texts(blocks: Iterable[Block]) -> Iterable[str]:
+    for block in blocks:
+        if block.get("type") in ("header", "section") and isinstance(block.get("text"), dict):
+            yield block["text"].get("text", "")
+        for field in block.get("fields") or ():
+            yield field.get("text", "")
+        if block.get("type") == "context":
+            for element in block.get("elements") or ():
+                yield element.get("text", "")
+
+
+def _strip_fences(text: str) -> str:
+    return md.one_line(text.replace("```", " ").replace(md.ZWSP, ""))
+
+
+# --- Slack's limits ---------------------------------------------------------------------
+
+
+def check_limits(blocks_or_view: Sequence[Block] | dict[str, Any]) -> list[str]:
+    """Every violation of Slack's limits in a message's blocks or in a view (modal)."""
+    problems: list[str] = []
+    if isinstance(blocks_or_view, dict):
+        view = blocks_or_view
+        blocks = view.get("blocks") or []
+        _check_view(view, problems)
+        if not 0 < len(blocks) <= MAX_VIEW_BLOCKS:
+            problems.append(f"view: {len(blocks)} blocks, 1 to {MAX_VIEW_BLOCKS}")
+    else:
+        blocks = list(blocks_or_view)
+        if len(blocks) > MAX_MESSAGE_BLOCKS:
+            problems.append(f"message: {len(blocks)} blocks > {MAX_MESSAGE_BLOCKS}")
+    seen: set[str] = set()
+    for i, block in enumerate(blocks):
+        where = f"blocks[{i}]"
+        block_id = block.get("block_id")
+        if block_id is not None:
+            _length(problems, f"{where}.block_id", block_id, MAX_ID)
+            if block_id in seen:
+                problems.append(f"{where}.block_id: duplicate {block_id!r}")
+            seen.add(block_id)
+        _check_block(block, where, problems)
+    return problems
+
+
+def _length(problems: list[str], where: str, text: Any, limit: int) -> None:
+    if not isinstance(text, str):
+        problems.append(f"{where}: not a string")
+    elif not text:
+        problems.append(f"{where}: empty")
+    elif slack_len(text) > limit:
+        problems.append(f"{where}: {slack_len(text)} characters > {limit}")
+
+
+def _text(problems: list[str], where: str, obj: Any, limit: int, plain: bool = False) -> None:
+    if not isinstance(obj, dict) or obj.get("type") not in ("plain_text", "mrkdwn"):
+        problems.append(f"{where}: not a text object")
+        return
+    if plain and obj["type"] != "plain_text":
+        problems.append(f"{where}: must be plain_text")
+    _length(problems, f"{where}.text", obj.get("text"), limit)
+
+
+def _check_block(block: Block, where: str, problems: list[str]) -> None:
+    kind = block.get("type")
+    if kind == "section":
+        if "text" not in block and "fields" not in block:
+            problems.append(f"{where}: a section needs text or fields")
+        if "text" in block:
+            _text(problems, f"{where}.text", block["text"], MAX_TEXT)
+        fields = block.get("fields") or []
+        if len(fields) > MAX_FIELDS:
+            problems.append(f"{where}.fields: {len(fields)} > {MAX_FIELDS}")
+        for j, field in enumerate(fields):
+            _text(problems, f"{where}.fields[{j}]", field, MAX_FIELD_TEXT)
+        if "accessory" in block:
+            _check_element(block["accessory"], f"{where}.accessory", problems)
+    elif kind == "header":
+        _text(problems, f"{where}.text", block.get("text"), MAX_HEADER_TEXT, plain=True)
+    elif kind == "context":
+        elements = block.get("elements") or []
+        if not 0 < len(elements) <= MAX_CONTEXT_ELEMENTS:
+            problems.append(f"{where}.elements: {len(elements)}, 1 to {MAX_CONTEXT_ELEMENTS}")
+        for j, element in enumerate(elements):
+            if element.get("type") in ("plain_text", "mrkdwn"):
+                _text(problems, f"{where}.elements[{j}]", element, MAX_TEXT)
+    elif kind == "actions":
+        elements = block.get("elements") or []
+        if not 0 < len(elements) <= MAX_ACTIONS_ELEMENTS:
+            problems.append(f"{where}.elements: {len(elements)}, 1 to {MAX_ACTIONS_ELEMENTS}")
+        ids = [e.get("action_id") for e in elements if e.get("action_id")]
+        if len(ids) != len(set(ids)):
+            problems.append(f"{where}.elements: duplicate action_id")
+        for j, element in enumerate(elements):
+            _check_element(element, f"{where}.elements[{j}]", problems)
+    elif kind == "input":
+        _text(problems, f"{where}.label", block.get("label"), MAX_INPUT_LABEL, plain=True)
+        _check_element(block.get("element") or {}, f"{where}.element", problems)
+    elif kind != "divider":
+        problems.append(f"{where}: block type {kind!r} is not checked here")
+
+
+def _check_element(element: dict[str, Any], where: str, problems: list[str]) -> None:
+    kind = element.get("type")
+    if "action_id" in element:
+        _length(problems, f"{where}.action_id", element["action_id"], MAX_ID)
+    if kind == "button":
+        _text(problems, f"{where}.text", element.get("text"), MAX_BUTTON_TEXT, plain=True)
+        if "value" in element:
+            _length(problems, f"{where}.value", element["value"], MAX_BUTTON_VALUE)
+        if "url" in element:
+            _length(problems, f"{where}.url", element["url"], MAX_URL)
+        if element.get("style") not in (None, "primary", "danger"):
+            problems.append(f"{where}.style: {element.get('style')!r}")
+        if "confirm" in element:
+            confirm = element["confirm"]
+            for key, limit in MAX_CONFIRM.items():
+                plain = key != "text"
+                _text(problems, f"{where}.confirm.{key}", confirm.get(key), limit, plain)
+    elif kind == "plain_text_input":
+        max_length = element.get("max_length")
+        if max_length is not None and not 0 < max_length <= MAX_INPUT_LENGTH:
+            problems.append(f"{where}.max_length: {max_length}, 1 to {MAX_INPUT_LENGTH}")
+        if "placeholder" in element:
+            _text(problems, f"{where}.placeholder", element["placeholder"], MAX_PLACEHOLDER)
+    else:
+        problems.append(f"{where}: element type {kind!r} is not checked here")
+
+
+def _check_view(view: dict[str, Any], problems: list[str]) -> None:
+    if view.get("type") not in ("modal", "home"):
+        problems.append(f"view.type: {view.get('type')!r}")
+    if view.get("type") == "modal":
+        _text(problems, "view.title", view.get("title"), MAX_VIEW_TITLE, plain=True)
+    for key in ("submit", "close"):
+        if key in view:
+            _text(problems, f"view.{key}", view[key], MAX_VIEW_TITLE, plain=True)
+    if "private_metadata" in view:
+        metadata = view["private_metadata"]
+        if not isinstance(metadata, str) or slack_len(metadata) > MAX_PRIVATE_METADATA:
+            problems.append(f"view.private_metadata: over {MAX_PRIVATE_METADATA} characters")
+    if "callback_id" in view:
+        _length(problems, "view.callback_id", view["callback_id"], MAX_ID)
