@@ -347,3 +347,22 @@ def test_a_projection_resumed_at_a_compaction_equals_the_whole_fold(log: list[ev
     prompt = resumed.prompt()
     assert prompt.messages == whole.messages
     assert prompt.hash == whole.hash
+
+
+@PROPERTY
+@given(log=legal_logs(min_size=1, max_size=50))
+def test_every_prompt_the_model_would_get_is_a_request_the_api_accepts(log: list[ev.Event]) -> None:
+    from datetime import UTC, datetime
+
+    from engine.state import next_action, reduce
+    from tests.fakes.anthropic import check_request
+
+    state = reduce(log)
+    far = datetime(2100, 1, 1, tzinfo=UTC)  # every timer due
+    if next_action(state, far) != "ask_model":
+        return  # the model is only asked in these states
+    prompt = project(log, SPECS)
+    body = {"model": "claude-sonnet-5-5", "max_tokens": 1024, **prompt.body()}
+    body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
+    assert check_request(body) == []
+    assert project(log, SPECS).hash == prompt.hash  # and twice the same bytes
