@@ -20,6 +20,7 @@ import pytest
 from engine.inputs import decide_approval, post_user_message
 from engine.models.anthropic import DEFAULT_MODEL, AnthropicModel
 from engine.policy import ApproverPolicy
+from engine.replay import replay_all
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
@@ -127,6 +128,7 @@ async def test_tool_use_then_final_answer(store, fake, model):
     # The stable prefix (system and tools) was cached by the first call, read by the second.
     assert decisions[1].usage.cache_read_input_tokens > 0
     assert events[-1].text == "The db is there."
+    await assert_replays_what_was_sent(store, tid, fake, make_tools(Counter()))
 
 
 async def test_approval_then_approve_runs_the_tool(store, fake, model):
@@ -152,6 +154,16 @@ async def test_approval_then_approve_runs_the_tool(store, fake, model):
     assert effects["deploy"] == 1
     result = answer_to(fake.requests[1], tool_use_id(fake, 0))
     assert json.loads(result_text(result)) == {"deployed": "api"}
+    await assert_replays_what_was_sent(store, tid, fake, make_tools(Counter()))
+
+
+async def assert_replays_what_was_sent(store, thread_id, fake, tools) -> None:
+    """`opsloop replay` recomputes, from the log alone, exactly the bodies Claude got."""
+    replayed = replay_all(await store.select_events(thread_id), list(tools))
+    assert replayed and all(r.matches for r in replayed)
+    assert len(replayed) == len(fake.requests)
+    for r, sent in zip(replayed, fake.requests, strict=True):
+        assert {k: sent[k] for k in ("system", "tools", "messages")} == r.prompt.body()
 
 
 async def test_a_rejection_with_reason_reaches_the_model(store, fake, model):
