@@ -181,8 +181,17 @@ class Scheduler:
 class Worker:
     """Runner + dispatcher + scheduler: what a serving process runs in the background."""
 
-    def __init__(self, runner: Runner, *, interval: float = 1.0, max_concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        interval: float = 1.0,
+        max_concurrency: int = 16,
+        after_run: Callable[[str], Awaitable[object]] | None = None,
+    ) -> None:
         self.runner = runner
+        # What the front door does once a thread rests (Slack: show what happened).
+        self.after_run = after_run
         self.dispatcher = Dispatcher(
             self._run_until_settled, max_concurrency=max_concurrency, on_rest=self._rest
         )
@@ -201,6 +210,11 @@ class Worker:
 
     async def _rest(self, thread_id: str) -> None:
         await self.scheduler.after_run(thread_id)
+        if self.after_run is not None:
+            try:
+                await self.after_run(thread_id)
+            except Exception:  # delivery retries on the next rest; the log keeps it all
+                log.exception("after-run hook failed thread_id=%s", thread_id)
 
     def kick(self, thread_id: str) -> None:
         self.dispatcher.kick(thread_id)
