@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, get_args
@@ -33,7 +32,7 @@ from engine.trace import format_usage, iso, trace_line, trace_record, usage_tota
 from tools import REGISTRY, ToolLoadError, load_tools
 
 if TYPE_CHECKING:  # aiohttp and the engine's loop load only for `serve`: a quick CLI
-    from aiohttp import web
+    pass
 
 log = logging.getLogger("opsloop.cli")
 
@@ -196,23 +195,6 @@ async def _trace(args: argparse.Namespace) -> int:
 # --- serve --------------------------------------------------------------------------
 
 
-async def slack_events_not_installed(_request: web.Request) -> web.Response:
-    from aiohttp import web
-
-    return web.json_response(
-        {"error": "slack front door not installed in this version"}, status=503
-    )
-
-
-def build_app(store: Store) -> web.Application:
-    """What ``serve`` listens with: the health check and the Slack events endpoint."""
-    from bot.health import make_health_app
-
-    app = make_health_app(store)
-    app.router.add_post("/slack/events", slack_events_not_installed)
-    return app
-
-
 def _listen_address() -> tuple[str, int]:
     host = os.environ.get("OPSLOOP_HOST") or DEFAULT_HOST
     raw = (os.environ.get("PORT") or str(DEFAULT_PORT)).strip()
@@ -228,8 +210,12 @@ def _listen_address() -> tuple[str, int]:
 REQUIRED_FOR_SERVE = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "ANTHROPIC_API_KEY")
 
 
-def _missing_settings() -> list[str]:
-    return [n for n in REQUIRED_FOR_SERVE if not os.environ.get(n, "").strip()]
+def _missing_settings(names: Sequence[str]) -> list[str]:
+    return [n for n in names if not os.environ.get(n, "").strip()]
+
+
+def _and(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -244,24 +230,17 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
 async def _serve(settings: Settings, host: str, port: int) -> int:
     from aiohttp import web
 
-    from engine.models.anthropic import AnthropicModel
-    from engine.runner import Runner
-    from engine.scheduler import Worker
+    from bot.runtime import start_runtime, web_app
 
-    modules = load_tools(settings.tools)
-    model = AnthropicModel.from_env()
-    store = await Store.open(settings.database_url)
-    # Logged once both worked, so a start-up failure is the one line main() prints.
-    log.info("tools loaded: %s (%d tools)", ",".join(modules), len(list(REGISTRY)))
-    log.info("database: %s", store.config.display())
-    log.info("model: %s", model.name)
+    runtime = await start_runtime(
+        settings,
+        token=os.environ["SLACK_BOT_TOKEN"],
+        signing_secret=os.environ["SLACK_SIGNING_SECRET"],
+    )
     stop = asyncio.Event()
     _install_signal_handlers(stop)
-    web_runner: web.AppRunner | None = None
-    worker: Worker | None = None
+    web_runner = web.AppRunner(web_app(runtime), handle_signals=False, access_log=None)
     try:
-        runner = Runner(store, model, REGISTRY, settings.runner)
-        web_runner = web.AppRunner(build_app(store), handle_signals=False)
         await web_runner.setup()
         site = web.TCPSite(web_runner, host, port)
         try:
@@ -270,48 +249,61 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
             raise CliError(
                 f"{PROG} serve: cannot listen on {host}:{port}: {exc.strerror or exc}"
             ) from None
-        worker = Worker(runner, interval=settings.sweep_seconds)
-        worker.start()
-        log.info("serving on http://%s:%d (GET /healthz, POST /slack/events)", host, port)
+        runtime.start()
+        log.info("serving on http://%s:%d (/healthz, /slack/events, /hooks/…)", host, port)
         await stop.wait()
         log.info("stopping")
     finally:
-        await _shutdown(web_runner, worker, store)
-        await model.close()
+        # Stop taking requests first, then let running threads reach a boundary.
+        with contextlib.suppress(Exception):
+            await web_runner.cleanup()
+        await runtime.close(SHUTDOWN_TIMEOUT_S)
     log.info("stopped")
     return 0
 
 
-async def _shutdown(web_runner: Any, worker: Any, store: Store) -> None:
-    """Stop taking requests, let running threads reach a boundary, close the database.
+async def _socket(settings: Settings) -> int:
+    from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
-    A thread still running after ``SHUTDOWN_TIMEOUT_S`` is cancelled: its log is the
-    truth, and the next process resumes it.
-    """
-    started = time.monotonic()
-    if web_runner is not None:
+    from bot.runtime import start_runtime
+
+    runtime = await start_runtime(
+        settings,
+        token=os.environ["SLACK_BOT_TOKEN"],
+        signing_secret=os.environ.get("SLACK_SIGNING_SECRET", ""),
+    )
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    handler = AsyncSocketModeHandler(
+        runtime.bolt, os.environ["SLACK_APP_TOKEN"], web_client=runtime.client
+    )
+    try:
+        await handler.connect_async()
+        runtime.start()
+        log.info("connected to Slack in Socket Mode")
+        await stop.wait()
+        log.info("stopping")
+    finally:
         with contextlib.suppress(Exception):
-            await web_runner.cleanup()
-    if worker is not None:
-        try:
-            await asyncio.wait_for(worker.stop(), timeout=SHUTDOWN_TIMEOUT_S)
-        except TimeoutError:
-            log.warning("threads still running after %.0fs; left to resume", SHUTDOWN_TIMEOUT_S)
-        except Exception:
-            log.exception("worker stop failed")
-    with contextlib.suppress(Exception):
-        from tools.builtin.tickets import dispose_ticket_engines
+            await handler.close_async()
+        await runtime.close(SHUTDOWN_TIMEOUT_S)
+    log.info("stopped")
+    return 0
 
-        await dispose_ticket_engines()
-    await store.close()
-    log.debug("shutdown took %.2fs", time.monotonic() - started)
+
+def _cmd_socket(_args: argparse.Namespace) -> int:
+    missing = _missing_settings(("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "ANTHROPIC_API_KEY"))
+    if missing:
+        raise CliError(f"{PROG} socket: set {_and(missing)} (see README: Configuration)")
+    settings = load_settings()
+    configure_logging(logging.INFO)
+    return asyncio.run(_socket(settings))
 
 
 def _cmd_serve(_args: argparse.Namespace) -> int:
-    missing = _missing_settings()
+    missing = _missing_settings(REQUIRED_FOR_SERVE)
     if missing:
-        names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
-        raise CliError(f"{PROG} serve: set {names} (see README: Configuration)")
+        raise CliError(f"{PROG} serve: set {_and(missing)} (see README: Configuration)")
     settings = load_settings()  # every setting checked before anything starts
     host, port = _listen_address()
     configure_logging(logging.INFO)
@@ -392,11 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve Slack events over HTTP (and /healthz)")
     serve.set_defaults(func=_cmd_serve)
-    for name, help_text in (
-        ("socket", "connect to Slack in Socket Mode"),
-        ("local", "run everything on this machine, no Slack account needed"),
-    ):
-        sub.add_parser(name, help=f"{help_text} (not available yet)").set_defaults(func=_cmd_later)
+    sub.add_parser("socket", help="connect to Slack in Socket Mode").set_defaults(func=_cmd_socket)
+    sub.add_parser(
+        "local", help="run everything on this machine, no Slack account needed (not yet)"
+    ).set_defaults(func=_cmd_later)
 
     threads = sub.add_parser("threads", help="list threads, most recently updated first")
     threads.add_argument("--status", choices=STATUSES, help="only threads in this status")
@@ -425,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.command != "serve":
+    if args.command not in ("serve", "socket"):
         configure_logging(logging.WARNING)
     try:
         return args.func(args)

@@ -123,6 +123,7 @@ class Scheduler:
         self.interval = interval
         self.clock = clock
         self._aps = AsyncIOScheduler(timezone="UTC")
+        self._sweeps: set[asyncio.Task[object]] = set()  # in flight, awaited at shutdown
 
     def start(self) -> None:
         self._aps.add_job(
@@ -140,9 +141,16 @@ class Scheduler:
     async def shutdown(self) -> None:
         if self._aps.running:
             self._aps.shutdown(wait=False)
+        # A sweep still reading the database must finish before the store closes.
+        if self._sweeps:
+            await asyncio.gather(*self._sweeps, return_exceptions=True)
 
     async def sweep(self) -> list[str]:
         """Kick every thread with work due now; returns their ids."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._sweeps.add(task)
+            task.add_done_callback(self._sweeps.discard)
         try:
             due = await self.store.due_threads(self.clock())
         except Exception:

@@ -28,6 +28,8 @@ from engine.models.scripted import ScriptedModel
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.slack import TOKEN as SLACK_TOKEN
+from tests.fakes.slack import FakeSlack
 from tools import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,7 @@ KEY = ThreadKey("T1", "C1", "1700000000.000100")
 OTHER = ThreadKey("T1", "C2", "1700000099.000200")
 FRESH = ThreadKey("T1", "C3", "1700000111.000300")
 SECRETS = {
-    "SLACK_BOT_TOKEN": "xoxb-test-token-7f3a",
+    "SLACK_BOT_TOKEN": SLACK_TOKEN,
     "SLACK_SIGNING_SECRET": "sig-9b1c-secret",
     "ANTHROPIC_API_KEY": "test-key",
 }
@@ -287,10 +289,17 @@ def test_serve_with_a_bad_setting_is_one_line_exit_2(tmp_path: Path, name: str, 
     assert not (tmp_path / "opsloop.db").exists()  # refused before touching anything
 
 
-@pytest.mark.parametrize("command", ["socket", "local"])
-def test_later_commands_say_so(tmp_path: Path, command: str) -> None:
-    proc = run_cli(command, db=None, cwd=tmp_path)
-    assert assert_one_line_error(proc) == f"opsloop {command}: not available yet in this version"
+def test_local_says_it_is_not_there_yet(tmp_path: Path) -> None:
+    proc = run_cli("local", db=None, cwd=tmp_path)
+    assert assert_one_line_error(proc) == "opsloop local: not available yet in this version"
+
+
+def test_socket_without_its_settings_is_one_line_exit_2(tmp_path: Path) -> None:
+    proc = run_cli("socket", db=None, cwd=tmp_path, env={"SLACK_BOT_TOKEN": "xoxb-1"})
+    line = assert_one_line_error(proc)
+    assert line == (
+        "opsloop socket: set SLACK_APP_TOKEN and ANTHROPIC_API_KEY (see README: Configuration)"
+    )
 
 
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -316,7 +325,11 @@ def _http(method: str, url: str) -> tuple[int, dict]:
         with urllib.request.urlopen(request, timeout=3) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"body": raw.decode(errors="replace")}
 
 
 async def _post(url: str, text: str) -> str:
@@ -337,17 +350,20 @@ async def _final_answer(url: str, thread_id: str) -> str | None:
 
 
 @contextlib.contextmanager
-def fake_anthropic_in_a_thread() -> Iterator[FakeAnthropic]:
-    """The fake Messages API on its own event loop, for a test that blocks on a process."""
+def fakes_in_a_thread() -> Iterator[tuple[FakeAnthropic, FakeSlack]]:
+    """The fake Messages and Slack Web APIs on their own event loop, for a test that
+    blocks on a process."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    fake = FakeAnthropic()
-    asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(10)
+    claude, slack = FakeAnthropic(), FakeSlack()
+    for fake in (claude, slack):
+        asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(10)
     try:
-        yield fake
+        yield claude, slack
     finally:
-        asyncio.run_coroutine_threadsafe(fake.__aexit__(None, None, None), loop).result(10)
+        for fake in (claude, slack):
+            asyncio.run_coroutine_threadsafe(fake.__aexit__(None, None, None), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
@@ -355,13 +371,17 @@ def fake_anthropic_in_a_thread() -> Iterator[FakeAnthropic]:
 
 @pytest.mark.slow
 def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    with fake_anthropic_in_a_thread() as claude:
+    with fakes_in_a_thread() as (claude, slack):
         claude.text("Yes, I am here.")
-        _serve_and_stop(tmp_path, claude)
+        slack.add_message(KEY.channel, "anyone there?", user="U1", ts=KEY.root_ts)
+        _serve_and_stop(tmp_path, claude, slack)
         claude.assert_clean()
+        # The answer was shown in the Slack thread, once.
+        posts = [c for c in slack.calls if c.method == "chat.postMessage"]
+        assert sum("Yes, I am here." in str(c.params) for c in posts) == 1
 
 
-def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic) -> None:
+def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic, slack: FakeSlack) -> None:
     db = f"sqlite:///{tmp_path / 'serve.db'}"
     waiting = asyncio.run(_post(db, "anyone there?"))
     port = _free_port()
@@ -375,6 +395,7 @@ def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic) -> None:
         PYTHONPATH=str(ROOT),
         DATABASE_URL=db,
         ANTHROPIC_BASE_URL=claude.url,
+        SLACK_API_URL=slack.url,
         OPSLOOP_HOST="127.0.0.1",
         PORT=str(port),
     )
@@ -398,16 +419,19 @@ def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic) -> None:
                 assert time.monotonic() < deadline, "serve did not answer in time"
                 time.sleep(0.1)
         assert (status, body) == (200, {"status": "ok"})
-        assert _http("POST", f"{base}/slack/events") == (
-            503,
-            {"error": "slack front door not installed in this version"},
-        )
+        unsigned = _http("POST", f"{base}/slack/events")
+        assert unsigned[0] == 401  # Slack's signature is checked before anything
         # The worker runs: the thread left waiting gets Claude's answer (the fake's).
         while (answer := asyncio.run(_final_answer(db, waiting))) is None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the worker did not run the thread"
             time.sleep(0.2)
         assert answer == "Yes, I am here."
+        # …and shows it in the Slack thread before we stop it.
+        while not [c for c in slack.calls if "Yes, I am here." in str(c.params)]:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the answer was not posted to Slack"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:

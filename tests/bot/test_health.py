@@ -10,7 +10,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot import health
-from bot.cli import build_app
 from engine.db import create_engine, parse_database_url
 from engine.store import Store
 
@@ -60,18 +59,3 @@ async def test_healthz_503_when_the_database_hangs(monkeypatch) -> None:
         resp = await asyncio.wait_for(client.get("/healthz"), timeout=5)
         assert resp.status == 503
         assert await resp.json() == {"status": "unavailable"}
-
-
-async def test_serve_app_has_healthz_and_a_placeholder_slack_endpoint(sqlite_url: str) -> None:
-    store = await Store.open(sqlite_url)
-    try:
-        async with client_for(build_app(store)) as client:
-            ok = await client.get("/healthz")
-            assert ok.status == 200
-            slack = await client.post("/slack/events", json={"type": "url_verification"})
-            assert slack.status == 503
-            assert await slack.json() == {"error": "slack front door not installed in this version"}
-            missing = await client.get("/nope")
-            assert missing.status == 404
-    finally:
-        await store.close()

@@ -80,6 +80,7 @@ class FakeSlack:
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.ephemerals: list[dict[str, Any]] = []
         self.views: list[dict[str, Any]] = []
+        self.home_views: dict[str, dict[str, Any]] = {}  # user -> their published Home tab
         self.users: dict[str, dict[str, Any]] = {}
         self.usergroups: dict[str, list[str]] = {}
         self._ts = itertools.count(1)
@@ -98,6 +99,7 @@ class FakeSlack:
             "chat.update": self._update,
             "chat.postEphemeral": self._post_ephemeral,
             "views.open": self._views_open,
+            "views.publish": self._views_publish,
             "conversations.replies": self._replies,
             "users.info": self._users_info,
             "usergroups.users.list": self._usergroup_users,
@@ -334,6 +336,19 @@ class FakeSlack:
         }
         self.views.append({"trigger_id": trigger, "view": opened})
         return {"view": opened}
+
+    def _views_publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        user = _required(p, "user_id", "invalid_arguments")
+        view = p.get("view")
+        if not isinstance(view, dict) or view.get("type") != "home":
+            raise ApiError("invalid_arguments")
+        if not 0 < len(view.get("blocks") or []) <= 100:
+            raise ApiError("invalid_arguments")
+        _check_blocks(view.get("blocks"))
+        view_id = f"V0FAKE{next(self._views):04d}"
+        published = {"id": view_id, "team_id": TEAM_ID, "app_id": APP_ID, **view}
+        self.home_views[user] = published
+        return {"view": published}
 
     def _replies(self, p: dict[str, Any]) -> dict[str, Any]:
         channel = _required(p, "channel", "channel_not_found")

@@ -72,11 +72,11 @@ class FakeSocketMode:
                 self._acked[envelope_id].set()
         return ws
 
-    async def wait_connected(self, timeout: float = 10) -> None:
-        async with asyncio.timeout(timeout):
+    async def wait_connected(self, within: float = 10) -> None:
+        async with asyncio.timeout(within):
             await self._connected.wait()
 
-    async def send(self, kind: str, payload: dict[str, Any], timeout: float = 5) -> dict:
+    async def send(self, kind: str, payload: dict[str, Any], within: float = 5) -> dict:
         """Send one envelope and wait for the app's acknowledgement of it."""
         assert self._ws is not None, "nobody is connected"
         envelope_id = f"env-{next(self._ids)}"
@@ -90,6 +90,6 @@ class FakeSocketMode:
             "retry_reason": "",
         }
         await self._ws.send_json(envelope)
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             await self._acked[envelope_id].wait()
         return self.acks[envelope_id]

@@ -1,0 +1,181 @@
+"""How fast ``opsloop serve`` acknowledges Slack: 500 signed events, 50 at a time.
+
+Run: ``.venv/bin/python bench/slack_ack.py [--quick]``. For each backend (SQLite in a
+temporary file; PostgreSQL in a schema of its own, dropped afterwards) it starts a real
+``opsloop serve`` process against a fake Slack Web API and a fake Anthropic API (both
+in this process), sends ``app_mention`` events signed as Slack signs them, and times
+each HTTP answer. Each event is stored (deduplicated) before the answer goes out; the
+model and the posts run afterwards in the background, as in production. One JSON line
+on stdout. Target: p99 below 300 ms (Slack retries after 3 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic, Reply  # noqa: E402
+from tests.fakes.slack import (  # noqa: E402
+    BOT_USER_ID,
+    TOKEN,
+    FakeSlack,
+    app_mention_event,
+    sign,
+)
+
+SECRET = "bench-signing-secret"
+PG_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+TARGET_P99_MS = 300.0
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_healthy(base: str, proc: asyncio.subprocess.Process, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"serve exited with {proc.returncode}")
+            try:
+                async with http.get(f"{base}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("serve did not become healthy")
+
+
+async def fire(base: str, total: int, concurrency: int) -> list[float]:
+    """Send ``total`` mentions, ``concurrency`` in flight; the answer times in ms."""
+    times: list[float] = []
+    limit = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession() as http:
+
+        async def one(i: int) -> None:
+            envelope = app_mention_event(
+                user="U_BENCH",
+                text=f"<@{BOT_USER_ID}> ping {i}",
+                channel="C_BENCH",
+                ts=f"{1700000000 + i}.000100",
+                event_id=f"Ev{uuid.uuid4().hex[:12]}",
+            )
+            body = json.dumps(envelope)
+            signature = sign(SECRET, body.encode(), int(time.time()))
+            headers = {"Content-Type": "application/json", **signature}
+            async with limit:
+                start = time.perf_counter()
+                async with http.post(f"{base}/slack/events", data=body, headers=headers) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+                times.append((time.perf_counter() - start) * 1000)
+
+        await asyncio.gather(*(one(i) for i in range(total)))
+    return times
+
+
+async def run_backend(name: str, db_url: str, total: int, concurrency: int) -> dict:
+    async with FakeSlack() as slack, FakeAnthropic() as claude:
+        claude.responder = lambda _body: claude_reply()
+        port = free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "OPSLOOP_"))},
+            "PYTHONPATH": str(ROOT),
+            "DATABASE_URL": db_url,
+            "SLACK_BOT_TOKEN": TOKEN,
+            "SLACK_SIGNING_SECRET": SECRET,
+            "SLACK_API_URL": slack.url,
+            "ANTHROPIC_API_KEY": FAKE_API_KEY,
+            "ANTHROPIC_BASE_URL": claude.url,
+            "OPSLOOP_HOST": "127.0.0.1",
+            "PORT": str(port),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot.cli",
+            "serve",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            await wait_healthy(base, proc)
+            await fire(base, min(50, total), concurrency)  # warm-up
+            times = await fire(base, total, concurrency)
+        finally:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(30):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+    times.sort()
+    p50 = statistics.median(times)
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    log(f"{name}: {len(times)} acks, p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    return {"p50_ms": round(p50, 1), "p99_ms": round(p99, 1), "events": len(times)}
+
+
+def claude_reply() -> Reply:
+    return Reply.text("pong")
+
+
+async def main(quick: bool) -> dict:
+    total, concurrency = (100, 20) if quick else (500, 50)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        results["sqlite"] = await run_backend(
+            "sqlite", f"sqlite:///{Path(tmp) / 'ack.db'}", total, concurrency
+        )
+    admin = await asyncpg.connect(PG_URL.split("?")[0])
+    schema = f"opsloop_bench_{uuid.uuid4().hex[:10]}"
+    await admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        sep = "&" if "?" in PG_URL else "?"
+        results["postgresql"] = await run_backend(
+            "postgresql", f"{PG_URL}{sep}schema={schema}", total, concurrency
+        )
+    finally:
+        await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await admin.close()
+    worst = max(r["p99_ms"] for r in results.values())
+    return {
+        "bench": "slack_ack",
+        "events": total,
+        "concurrency": concurrency,
+        **{f"{k}_{m}": v[m] for k, v in results.items() for m in ("p50_ms", "p99_ms")},
+        "targets": {"p99_ms<": TARGET_P99_MS},
+        "pass": worst < TARGET_P99_MS,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 events, 20 at a time")
+    print(json.dumps(asyncio.run(main(parser.parse_args().quick))))

@@ -1,0 +1,526 @@
+"""Delivery: show in the Slack thread what the log says people need to see.
+
+What a thread shows is a projection of its events (DESIGN, "Slack"): one message per
+shown event (the approval card; one line per tool call, result, question, error,
+answer), the card updated in place when its approval is decided, expires or the thread
+is cancelled, each delivery recorded as a ``message_posted`` receipt. The pure
+:func:`pending_deliveries` says what is still to do; :class:`Delivery` does it in log
+order, one thread at a time, under the thread's lease.
+
+chat.postMessage has no idempotency key, so every post carries metadata naming its
+event; where an earlier post may have landed without its receipt (first post for the
+thread in this process, an unknown outcome, an event older than a lease), the thread is
+read back (conversations.replies) and what is there gets its receipt instead of a
+second post.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import blocks as bk
+from engine import events as ev
+from engine.errors import ConcurrencyConflict
+from engine.state import ThreadState, reduce
+from engine.store import Store, ThreadInfo
+
+log = logging.getLogger("opsloop.delivery")
+
+METADATA_TYPE = "opsloop_event"
+# The events that close an open approval card, and what the card then says.
+_OUTCOMES: dict[str, bk.Outcome] = {
+    "approval_granted": "approved",
+    "approval_rejected": "rejected",
+    "approval_expired": "expired",
+    "thread_cancelled": "cancelled",
+}
+MAX_INLINE_RETRIES = 3  # 429s waited out within one call
+MAX_RETRY_S = 300.0
+MAX_RETRIES = 10  # in-process retries in a row; then the next deliver call or a restart
+_MAX_STEPS = 1000  # Slack calls per pass; the next pass does the rest
+_REMEMBERED = 10_000  # threads this process remembers having looked up in Slack
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One thing to show: a new message (``post``), or the card ``card`` to ``update``.
+
+    ``event`` is what the receipt names (``shows_event_id``); ``call`` is the tool call
+    of a card or of a line; ``card_ts`` is empty while the card is not posted yet.
+    """
+
+    kind: Literal["post", "update"]
+    event: ev.AnyEvent
+    requester: str | None = None
+    call: ev.ToolCallRequested | None = None
+    card: ev.ApprovalRequested | None = None
+    card_ts: str = ""
+
+
+def pending_deliveries(events: Sequence[ev.AnyEvent]) -> list[Outbound]:
+    """What a whole log still has to show, in log order (pure).
+
+    An event with a receipt is shown. A card update is done when a receipt for the
+    closing event carries the card's ts; a cancellation also posts its own line, whose
+    receipt has another ts.
+    """
+    receipts: dict[str, list[str]] = {}
+    for e in events:
+        if isinstance(e, ev.MessagePosted):
+            receipts.setdefault(e.shows_event_id, []).append(e.ts)
+    out: list[Outbound] = []
+    requester: str | None = None
+    calls: dict[str, ev.ToolCallRequested] = {}
+    cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
+    for e in events:
+        shown = receipts.get(e.event_id, [])
+        if isinstance(e, ev.UserMessage) and requester is None:
+            requester = e.actor
+        elif isinstance(e, ev.ToolCallRequested):
+            calls[e.tool_call_id] = e
+        elif isinstance(e, ev.ApprovalRequested) and e.tool_call_id in calls:
+            if not shown:
+                out.append(Outbound("post", e, requester, calls[e.tool_call_id]))
+            cards[e.tool_call_id] = (e, shown[0] if shown else "")
+            continue
+        closing: list[tuple[ev.ApprovalRequested, str]] = []
+        if e.type == "thread_cancelled":
+            closing, cards = list(cards.values()), {}
+        elif e.type in _OUTCOMES and (card := cards.pop(getattr(e, "tool_call_id", ""), None)):
+            closing = [card]
+        for card, ts in closing:
+            if not ts or ts not in shown:
+                out.append(Outbound("update", e, requester, calls[card.tool_call_id], card, ts))
+        card_ts = {ts for _, ts in closing}
+        if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
+            call = calls.get(getattr(e, "tool_call_id", None) or "")
+            out.append(Outbound("post", e, requester, call))
+    return out
+
+
+def _has_line(e: ev.AnyEvent) -> bool:
+    if isinstance(e, ev.ToolCallRequested):
+        return e.policy != "approve_before_run"  # its approval card shows it
+    return e.type in bk.SHOWN_TYPES
+
+
+def render(item: Outbound) -> list[bk.Block]:
+    """The blocks showing ``item`` (pure)."""
+    e = item.event
+    if item.kind == "update":
+        assert item.card is not None and item.call is not None
+        by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
+        return bk.decided_card(
+            thread_id=e.thread_id,
+            requester=item.requester,
+            call=item.call,
+            reason=item.card.reason,
+            expires_at=item.card.expires_at,
+            outcome=_OUTCOMES[e.type],
+            by=by,
+            at=e.created_at,
+            decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
+        )
+    if isinstance(e, ev.ApprovalRequested):
+        assert item.call is not None
+        return bk.approval_card(
+            thread_id=e.thread_id,
+            requester=item.requester,
+            call=item.call,
+            reason=e.reason,
+            expires_at=e.expires_at,
+            arguments_hash=e.arguments_hash,
+        )
+    name = item.call.intent if item.call is not None else None
+    return bk.event_line(e, tool_name=name, requester=item.requester) or []
+
+
+def metadata(thread_id: str, event_id: str) -> dict[str, Any]:
+    """The Slack message metadata naming the event a message shows."""
+    payload = {"thread_id": thread_id, "event_id": event_id}
+    return {"event_type": METADATA_TYPE, "event_payload": payload}
+
+
+def shown_event(message: dict[str, Any], thread_id: str) -> str | None:
+    """The id of the event of ``thread_id`` that a Slack message's metadata names."""
+    meta = message.get("metadata")
+    if not isinstance(meta, dict) or meta.get("event_type") != METADATA_TYPE:
+        return None
+    payload = meta.get("event_payload")
+    if not isinstance(payload, dict) or payload.get("thread_id") != thread_id:
+        return None
+    event_id = payload.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
+class _Stop(Exception):
+    """Delivering this thread stops for now; a later pass goes on after ``retry_in``."""
+
+    def __init__(self, why: str, retry_in: float | None = None) -> None:
+        super().__init__(why)
+        self.retry_in = retry_in
+
+
+class Delivery:
+    """Shows threads in Slack. One instance per process: it serialises its own passes
+    over a thread; the lease keeps other processes out.
+
+    ``owner`` names the lease (a lease found held by the same owner, e.g. this process's
+    runner, is used and left in place). ``approvers``: kept for a status line (none yet).
+    ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
+    (None: only the next ``deliver`` call retries).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        client: AsyncWebClient,
+        *,
+        owner: str,
+        approvers: Sequence[str] = (),
+        max_inline_wait: float = 5.0,
+        lease_ttl: float = 30.0,
+        retry_base: float | None = 2.0,
+        clock: Callable[[], datetime] = ev.utcnow,
+    ) -> None:
+        self.store = store
+        self.client = client
+        # slack_sdk re-sends a post after a connection error: a second message if the
+        # first landed. Posts use a copy without that retry; we look in Slack instead.
+        self._post_client = copy.copy(client)
+        self._post_client.retry_handlers = [
+            h for h in client.retry_handlers if not isinstance(h, AsyncConnectionErrorRetryHandler)
+        ]
+        self.owner = owner
+        self.approvers = list(approvers)
+        self.max_inline_wait = max_inline_wait
+        self.lease_ttl = lease_ttl
+        self.retry_base = retry_base
+        self.clock = clock
+        # In-process facts; they only save Slack calls. After a restart all are unknown.
+        self._looked: dict[str, None] = {}  # threads looked up in Slack, oldest first
+        self._unsure: set[str] = set()  # a post's outcome is unknown: look before posting
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def deliver(self, thread_id: str) -> int:
+        """Show what ``thread_id`` still has to show; how many posts and updates it made.
+
+        0 when another owner holds the thread's lease: the holder delivers when done.
+        A Slack error stops the pass where it happened (logged; retried later).
+        """
+        async with self._exclusive(thread_id):
+            events = await self.store.select_events(thread_id)
+            if not pending_deliveries(events):
+                return 0
+            info = await self.store.get_thread(thread_id)
+            now = self.clock()
+            held = info.lease_owner == self.owner and (info.lease_expires_at or now) > now
+            if not await self.store.acquire_lease(thread_id, self.owner, self.lease_ttl, now=now):
+                log.debug("thread leased elsewhere thread_id=%s", thread_id)
+                return 0
+            run = _Pass(self, info)
+            try:
+                # The log only grows: what others appended before we held the lease.
+                events += await self.store.select_events(thread_id, after=len(events))
+                made = await run.run(events)
+            except _Stop as stop:
+                self._retry_later(thread_id, stop.retry_in)
+                return run.made
+            except Exception:
+                self._retry_later(thread_id, None)
+                raise
+            finally:
+                if not held:  # a lease that was ours already (our runner's) is left alone
+                    await self._release(thread_id)
+            self._failures.pop(thread_id, None)
+            return made
+
+    async def deliver_recent(self, since: datetime) -> None:
+        """Deliver every thread updated since ``since``: at startup, finish what a crash
+        cut off. One thread's failure does not stop the others."""
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+        for info in await self.store.list_threads(limit=100_000):
+            if info.updated_at < since:
+                break  # newest first
+            try:
+                await self.deliver(info.id)
+            except Exception:
+                log.exception("delivery failed thread_id=%s", info.id)
+
+    async def close(self) -> None:
+        """Cancel the retries this instance scheduled."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- internals ------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, thread_id: str) -> AsyncIterator[None]:
+        """One pass per thread at a time in this process (a lease is per owner, and two
+        passes with one owner would both hold it)."""
+        lock, users = self._locks.get(thread_id) or (asyncio.Lock(), 0)
+        self._locks[thread_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            users = self._locks[thread_id][1] - 1
+            if users:
+                self._locks[thread_id] = (lock, users)
+            else:
+                del self._locks[thread_id]
+
+    async def _release(self, thread_id: str) -> None:
+        try:
+            await self.store.release_lease(thread_id, self.owner)
+        except Exception:  # it expires on its own
+            log.warning("lease release failed thread_id=%s", thread_id, exc_info=True)
+
+    def _retry_later(self, thread_id: str, delay: float | None) -> None:
+        """Try again in this process: nothing else would show an idle thread's last
+        events before its next input (a restart does, through ``deliver_recent``)."""
+        failures = self._failures[thread_id] = self._failures.get(thread_id, 0) + 1
+        if self.retry_base is None or failures > MAX_RETRIES:
+            return
+        if delay is None:
+            delay = min(MAX_RETRY_S, self.retry_base * 2 ** (failures - 1))
+        if (old := self._timers.pop(thread_id, None)) is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[thread_id] = loop.call_later(delay, self._spawn_retry, thread_id)
+
+    def _spawn_retry(self, thread_id: str) -> None:
+        self._timers.pop(thread_id, None)
+        task = asyncio.get_running_loop().create_task(self._retry(thread_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retry(self, thread_id: str) -> None:
+        try:
+            await self.deliver(thread_id)
+        except Exception:
+            log.exception("delivery retry failed thread_id=%s", thread_id)
+
+    def _note_looked(self, thread_id: str) -> None:
+        self._looked.pop(thread_id, None)
+        self._looked[thread_id] = None
+        if len(self._looked) > _REMEMBERED:
+            del self._looked[next(iter(self._looked))]
+        self._unsure.discard(thread_id)
+
+    async def _call(
+        self, method: str, send: Callable[..., Awaitable[Any]], where: str, **kwargs: Any
+    ) -> Any:
+        """One Web API call; 429s up to ``max_inline_wait`` are waited out, any other
+        failure is logged (``where``: thread and event, never the token) as ``_Stop``."""
+        for attempt in range(MAX_INLINE_RETRIES + 1):
+            try:
+                return await send(**kwargs)
+            except SlackApiError as exc:
+                status = exc.response.status_code
+                if status == 429:
+                    wait = _retry_after(exc.response.headers)
+                    if wait <= self.max_inline_wait and attempt < MAX_INLINE_RETRIES:
+                        log.info("rate limited method=%s %s wait=%.1fs", method, where, wait)
+                        await asyncio.sleep(wait)
+                        continue
+                    log.warning("rate limited method=%s %s retry_after=%.0fs", method, where, wait)
+                    raise _Stop("ratelimited", retry_in=wait) from exc
+                data = exc.response.data
+                error = data.get("error") if isinstance(data, dict) else None
+                log.warning(
+                    "slack error method=%s %s status=%s error=%s", method, where, status, error
+                )
+                raise _Stop(str(error or status)) from exc
+            except (aiohttp.ClientError, TimeoutError, OSError, SlackClientError) as exc:
+                log.warning("slack call failed method=%s %s error=%r", method, where, exc)
+                raise _Stop(type(exc).__name__) from exc
+        raise AssertionError("unreachable")
+
+
+def _retry_after(headers: Any) -> float:
+    for key, value in (headers or {}).items():
+        if key.lower() == "retry-after":
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(value))
+    return 1.0
+
+
+class _Pass:
+    """One leased pass over one thread: show what is pending, in log order."""
+
+    def __init__(self, delivery: Delivery, info: ThreadInfo) -> None:
+        self.d = delivery
+        self.info = info
+        self.thread_id = info.id
+        self.events: list[ev.AnyEvent] = []
+        self.state = ThreadState()
+        self.made = 0
+        self._renewed = time.monotonic()
+
+    async def run(self, events: list[ev.AnyEvent]) -> int:
+        self.events, self.state = list(events), reduce(events)
+        look = self._must_look(pending_deliveries(self.events))
+        for _ in range(_MAX_STEPS):
+            todo = pending_deliveries(self.events)
+            if not todo:
+                if not await self._catch_up():  # nothing appended meanwhile: done
+                    break
+            elif look and any(item.kind == "post" for item in todo):
+                await self._look_in_slack(todo)
+                look = False
+            else:
+                await self._show(todo[0])
+        else:
+            raise _Stop("more to show than one pass does", retry_in=0.0)
+        return self.made
+
+    def _must_look(self, todo: list[Outbound]) -> bool:
+        """Whether a post of ``todo`` may be in Slack without its receipt: not looked
+        since this process started, a post's outcome unknown, or an event older than a
+        lease (a deliverer may have died holding it, after posting)."""
+        if self.thread_id not in self.d._looked or self.thread_id in self.d._unsure:
+            return True
+        now = self.d.clock()
+        return any((now - i.event.created_at).total_seconds() > self.d.lease_ttl for i in todo)
+
+    async def _catch_up(self) -> list[ev.AnyEvent]:
+        tail = await self.d.store.select_events(self.thread_id, after=self.state.last_seq)
+        self.events.extend(tail)
+        self.state = reduce(tail, self.state)
+        return tail
+
+    async def _look_in_slack(self, todo: list[Outbound]) -> None:
+        """Record receipts for the posts already in the Slack thread."""
+        wanted = [item.event.event_id for item in todo if item.kind == "post"]
+        found: dict[str, str] = {}
+        cursor: str | None = None
+        while True:
+            page = await self.d._call(
+                "conversations.replies",
+                self.d.client.conversations_replies,
+                f"thread_id={self.thread_id}",
+                channel=self.info.channel,
+                ts=self.info.root_ts,
+                include_all_metadata=True,
+                limit=200,
+                cursor=cursor,
+            )
+            for message in page.get("messages") or []:
+                event_id = shown_event(message, self.thread_id)
+                if event_id in wanted and isinstance(message.get("ts"), str):
+                    found.setdefault(event_id, message["ts"])
+            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor or not page.get("has_more", True):
+                break
+        receipts = [
+            ev.MessagePosted(shows_event_id=eid, channel=self.info.channel, ts=found[eid])
+            for eid in wanted
+            if eid in found
+        ]
+        if receipts:
+            shown = ",".join(r.shows_event_id for r in receipts)
+            log.info(
+                "posts found without receipts thread_id=%s event_ids=%s", self.thread_id, shown
+            )
+            await self._record(receipts)
+        self.d._note_looked(self.thread_id)
+
+    async def _show(self, item: Outbound) -> None:
+        await self._keep_lease()
+        event_id = item.event.event_id
+        where = f"thread_id={self.thread_id} event_id={event_id}"
+        blocks = render(item)
+        message = {"text": bk.fallback_text(blocks), "blocks": blocks}
+        channel = self.info.channel
+        if item.kind == "update":
+            assert item.card is not None and item.card_ts, "a card is posted before its update"
+            ts = item.card_ts
+            shows = metadata(self.thread_id, item.card.event_id)  # the card's, unchanged
+            await self.d._call(
+                "chat.update",
+                self.d.client.chat_update,
+                where,
+                channel=channel,
+                ts=ts,
+                metadata=shows,
+                **message,
+            )
+        else:
+            try:
+                answer = await self.d._call(
+                    "chat.postMessage",
+                    self.d._post_client.chat_postMessage,
+                    where,
+                    channel=channel,
+                    thread_ts=self.info.root_ts,
+                    metadata=metadata(self.thread_id, event_id),
+                    **message,
+                )
+            except BaseException as exc:
+                if not _surely_not_done(exc):
+                    self.d._unsure.add(self.thread_id)  # it may have been posted
+                raise
+            ts, channel = answer["ts"], answer.get("channel") or channel
+        self.made += 1
+        try:
+            await self._record([ev.MessagePosted(shows_event_id=event_id, channel=channel, ts=ts)])
+        except BaseException:
+            self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
+            raise
+
+    async def _record(self, receipts: list[ev.MessagePosted]) -> None:
+        """Append receipts, re-reading past what another writer appended meanwhile."""
+        for _ in range(50):
+            try:
+                done = await self.d.store.append(
+                    self.thread_id, self.state.last_seq, receipts, state=self.state
+                )
+            except ConcurrencyConflict:
+                tail = await self._catch_up()
+                have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
+                receipts = [r for r in receipts if (r.shows_event_id, r.ts) not in have]
+                if not receipts:
+                    return
+                continue
+            assert done.state is not None
+            self.events.extend(done.events)
+            self.state = done.state
+            return
+        raise ConcurrencyConflict(self.thread_id, self.state.last_seq)
+
+    async def _keep_lease(self) -> None:
+        if time.monotonic() - self._renewed < self.d.lease_ttl / 3:
+            return
+        d = self.d
+        if not await d.store.renew_lease(self.thread_id, d.owner, d.lease_ttl, now=d.clock()):
+            log.warning("lease lost thread_id=%s owner=%s", self.thread_id, d.owner)
+            raise _Stop("lease lost")
+        self._renewed = time.monotonic()
+
+
+def _surely_not_done(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` was surely not done: Slack said why (a 4xx or
+    ``ok: false``), not a timeout, a lost connection, a 5xx or a cancellation."""
+    cause = exc.__cause__ if isinstance(exc, _Stop) else None
+    return isinstance(cause, SlackApiError) and cause.response.status_code < 500

@@ -1,0 +1,118 @@
+"""A serving process, assembled: store, tools, Claude, the worker, delivery, Slack.
+
+``opsloop serve`` puts the Bolt app behind ``POST /slack/events``; ``opsloop socket``
+connects the same app over Socket Mode. Both run the worker (runner, scheduler) and
+show what happened in Slack after each run (``Delivery``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+from aiohttp import web
+from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.app import build_app, drain, handle_slack_request
+from bot.delivery import Delivery
+from bot.health import make_health_app
+from bot.hooks import add_hook_route
+from bot.reviewers import Reviewers
+from engine.config import Settings
+from engine.events import utcnow
+from engine.models.anthropic import AnthropicModel
+from engine.runner import Runner, worker_id
+from engine.scheduler import Worker
+from engine.store import Store
+from tools import REGISTRY, load_tools
+
+log = logging.getLogger("opsloop.runtime")
+
+SLACK_API_URL = "https://slack.com/api/"
+REDELIVER_WINDOW = timedelta(days=1)
+
+
+@dataclass
+class Runtime:
+    store: Store
+    model: AnthropicModel
+    client: AsyncWebClient
+    worker: Worker
+    delivery: Delivery
+    bolt: AsyncApp
+    catch_up: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the worker (the scheduler's first sweep resumes what a dead process
+        left) and complete posts a crash cut off (each looks in Slack first)."""
+        self.worker.start()
+        since = utcnow() - REDELIVER_WINDOW
+        self.catch_up = asyncio.create_task(self.delivery.deliver_recent(since))
+
+    async def close(self, grace: float = 20.0) -> None:
+        """Let running threads reach a boundary for up to ``grace`` s, then close.
+
+        A thread still running then is cancelled: its log is the truth, and the next
+        process resumes it."""
+        if self.catch_up is not None:
+            self.catch_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.catch_up
+        try:
+            await asyncio.wait_for(self.worker.stop(), timeout=grace)
+        except TimeoutError:
+            log.warning("threads still running after %.0fs; left to resume", grace)
+        await self.delivery.close()
+        await drain(self.bolt)  # ephemeral notes and the Home tab still in flight
+        await self.model.close()
+        with contextlib.suppress(Exception):
+            from tools.builtin.tickets import dispose_ticket_engines
+
+            await dispose_ticket_engines()
+        await self.store.close()
+
+
+async def start_runtime(settings: Settings, *, token: str, signing_secret: str) -> Runtime:
+    """Everything but the listening socket and the worker (``Runtime.start``); raises
+    ConfigError / StoreUnavailable before anything runs."""
+    modules = load_tools(settings.tools)
+    model = AnthropicModel.from_env()
+    store = await Store.open(settings.database_url)
+    log.info("tools: %s (%d); model: %s", ",".join(modules), len(list(REGISTRY)), model.name)
+    log.info("database: %s", store.config.display())
+    client = AsyncWebClient(token=token, base_url=os.environ.get("SLACK_API_URL") or SLACK_API_URL)
+    owner = worker_id()
+    approvers = sorted(settings.approvers.approvers)
+    # Its own lease owner: delivery and the runner never end each other's lease.
+    delivery = Delivery(store, client, owner=f"{owner}/delivery", approvers=approvers)
+    runner = Runner(store, model, REGISTRY, settings.runner, owner=owner)
+    worker = Worker(runner, interval=settings.sweep_seconds, after_run=delivery.deliver)
+    bolt = build_app(
+        store=store,
+        token=token,
+        signing_secret=signing_secret,
+        client=client,
+        approvers=settings.approvers,
+        kick=worker.kick,
+        groups=Reviewers(client),
+    )
+    return Runtime(store, model, client, worker, delivery, bolt)
+
+
+def web_app(runtime: Runtime) -> web.Application:
+    """``GET /healthz``, ``POST /slack/events`` (Bolt) and ``POST /hooks/{wait_id}``."""
+    app = make_health_app(runtime.store)
+
+    async def slack_events(request: web.Request) -> web.Response:
+        return await handle_slack_request(runtime.bolt, request)
+
+    app.router.add_post("/slack/events", slack_events)
+    add_hook_route(
+        app, runtime.store, os.environ.get("OPSLOOP_WEBHOOK_SECRET"), runtime.worker.kick
+    )
+    return app

@@ -1,0 +1,136 @@
+"""The assembled process (what `opsloop serve` runs), driven as Slack and Claude would:
+signed HTTP requests in, the fake Slack Web API and the fake Messages API out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from bot.blocks import APPROVE_ACTION
+from bot.runtime import Runtime, start_runtime, web_app
+from engine.config import load_settings
+from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
+from tests.fakes.slack import (
+    BOT_USER_ID,
+    SIGNING_SECRET,
+    TOKEN,
+    FakeSlack,
+    app_mention_event,
+    block_actions_payload,
+    signed,
+    url_verification,
+)
+
+CHANNEL, ROOT_TS = "C0DEPLOYS", "1700000000.000100"
+
+
+@pytest.fixture
+async def fakes() -> AsyncIterator[tuple[FakeSlack, FakeAnthropic]]:
+    async with FakeSlack() as slack, FakeAnthropic() as claude:
+        yield slack, claude
+    claude.assert_clean()
+
+
+@pytest.fixture
+async def runtime(db_url, fakes, monkeypatch, tmp_path) -> AsyncIterator[Runtime]:
+    slack, claude = fakes
+    monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_API_KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)
+    monkeypatch.setenv("SLACK_API_URL", slack.url)
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path / 'tickets.db'}")
+    settings = load_settings({"DATABASE_URL": db_url, "OPSLOOP_SWEEP_SECONDS": "0.2"})
+    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET)
+    rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.close(5)
+
+
+async def post(client: TestClient, payload: dict) -> int:
+    body, headers = signed(payload)
+    resp = await client.post("/slack/events", data=body, headers=headers)
+    await resp.read()
+    return resp.status
+
+
+async def test_the_app_answers_slack_and_health(runtime):
+    async with TestClient(TestServer(web_app(runtime))) as client:
+        assert (await client.get("/healthz")).status == 200
+        challenge = url_verification()
+        body, headers = signed(challenge)
+        resp = await client.post("/slack/events", data=body, headers=headers)
+        assert resp.status == 200
+        assert challenge["challenge"] in await resp.text()
+        unsigned = await client.post("/slack/events", data=body)
+        assert unsigned.status == 401
+        assert (await client.post("/hooks/thr_x.y", data=b"{}")).status == 401
+
+
+async def test_mention_to_approval_to_answer_through_slack(runtime, fakes):
+    slack, claude = fakes
+    claude.tool_use(
+        "create_ticket", {"title": "Flaky deploys"}, text="Filing a ticket for the flakes."
+    )
+    claude.text("Filed the ticket.")
+    slack.add_message(CHANNEL, f"<@{BOT_USER_ID}> file a ticket", user="U_ALICE", ts=ROOT_TS)
+    async with TestClient(TestServer(web_app(runtime))) as client:
+        mention = app_mention_event(
+            user="U_ALICE", text=f"<@{BOT_USER_ID}> file a ticket", channel=CHANNEL, ts=ROOT_TS
+        )
+        assert await post(client, mention) == 200
+        assert await post(client, mention) == 200  # Slack redelivers: stored once
+
+        # The approval card appears in the thread with Approve and Reject.
+        (card,) = [
+            c for c in await slack.wait_for("chat.postMessage", timeout=15)
+            if APPROVE_ACTION in str(c.params.get("blocks"))
+        ]  # fmt: skip
+        blocks = card.params["blocks"]
+        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+        button = next(
+            e
+            for b in blocks
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["action_id"] == APPROVE_ACTION
+        )
+        card_ts = next(m["ts"] for m in slack.thread(CHANNEL, ROOT_TS) if m.get("blocks") == blocks)
+        click = block_actions_payload(
+            user="U_BOB",
+            action_id=APPROVE_ACTION,
+            value=button["value"],
+            channel=CHANNEL,
+            message_ts=card_ts,
+            thread_ts=ROOT_TS,
+        )
+        assert await post(client, click) == 200
+
+        # The card is updated in place naming the reviewer; the answer is posted.
+        updates = await slack.wait_for("chat.update", timeout=15)
+        assert any("U_BOB" in str(u.params.get("blocks")) for u in updates)
+        await _wait_posted(slack, "Filed the ticket.")
+
+    info = (await runtime.store.list_threads())[0]
+    events = await runtime.store.select_events(info.id)
+    types = [e.type for e in events]
+    assert types.count("user_message") == 1
+    assert types.count("approval_granted") == 1
+    assert next(e for e in events if e.type == "approval_granted").actor == "U_BOB"
+    after = types[types.index("approval_granted") :]
+    assert after.index("tool_started") < after.index("tool_result")
+    assert next(e for e in events if e.type == "tool_result").ok
+    assert "message_posted" in types
+
+
+async def _wait_posted(slack: FakeSlack, text: str) -> None:
+    for _ in range(150):
+        if any(text in str(c.params) for c in slack.calls_to("chat.postMessage")):
+            return
+        await slack.wait_for(
+            "chat.postMessage", count=len(slack.calls_to("chat.postMessage")) + 1, timeout=10
+        )
+    raise AssertionError(f"{text!r} was never posted")
