@@ -4,19 +4,13 @@ signed HTTP requests in, the fake Slack Web API and the fake Messages API out.""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot.blocks import APPROVE_ACTION
-from bot.runtime import Runtime, start_runtime, web_app
-from engine.config import load_settings
-from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
+from bot.runtime import web_app
 from tests.fakes.slack import (
     BOT_USER_ID,
-    SIGNING_SECRET,
-    TOKEN,
     FakeSlack,
     app_mention_event,
     block_actions_payload,
@@ -25,29 +19,6 @@ from tests.fakes.slack import (
 )
 
 CHANNEL, ROOT_TS = "C0DEPLOYS", "1700000000.000100"
-
-
-@pytest.fixture
-async def fakes() -> AsyncIterator[tuple[FakeSlack, FakeAnthropic]]:
-    async with FakeSlack() as slack, FakeAnthropic() as claude:
-        yield slack, claude
-    claude.assert_clean()
-
-
-@pytest.fixture
-async def runtime(db_url, fakes, monkeypatch, tmp_path) -> AsyncIterator[Runtime]:
-    slack, claude = fakes
-    monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_API_KEY)
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)
-    monkeypatch.setenv("SLACK_API_URL", slack.url)
-    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path / 'tickets.db'}")
-    settings = load_settings({"DATABASE_URL": db_url, "OPSLOOP_SWEEP_SECONDS": "0.2"})
-    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET)
-    rt.start()
-    try:
-        yield rt
-    finally:
-        await rt.close(5)
 
 
 async def post(client: TestClient, payload: dict) -> int:

@@ -93,6 +93,10 @@ class FakeSlack:
         self._cond: asyncio.Condition | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+        # Socket Mode: the app token, and the WebSocket URL apps.connections.open hands out
+        # (tests/fakes/socket_mode.py serves one).
+        self.app_token = "xapp-1-test"
+        self.socket_url = ""
         self._handlers: dict[str, Handler] = {
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,
@@ -103,6 +107,7 @@ class FakeSlack:
             "conversations.replies": self._replies,
             "users.info": self._users_info,
             "usergroups.users.list": self._usergroup_users,
+            "apps.connections.open": self._connections_open,
         }
 
     # --- lifecycle --------------------------------------------------------------------
@@ -224,7 +229,9 @@ class FakeSlack:
         token = auth.removeprefix("Bearer ").strip() if auth else params.get("token")
         if not token:
             return _json({"ok": False, "error": "not_authed"})
-        if token != self.token:
+        # Socket Mode's one method takes the app-level token, not the bot token.
+        expected = self.app_token if method == "apps.connections.open" else self.token
+        if token != expected:
             return _json({"ok": False, "error": "invalid_auth"})
         if self._rate_limits.get(method):
             retry_after = self._rate_limits[method].pop(0)
@@ -394,6 +401,11 @@ class FakeSlack:
         if not _ID.match(user_id):
             raise ApiError("user_not_found")
         return {"user": self._user(user_id, None)}  # any well-formed id is a person
+
+    def _connections_open(self, _params: dict[str, Any]) -> dict[str, Any]:
+        if not self.socket_url:
+            raise ApiError("socket_mode_not_enabled")
+        return {"url": self.socket_url}
 
     def _usergroup_users(self, p: dict[str, Any]) -> dict[str, Any]:
         group = _required(p, "usergroup", "invalid_arguments")

@@ -48,6 +48,11 @@ class FakeSocketMode:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    @property
+    def ws_url(self) -> str:
+        """What ``apps.connections.open`` answers (FakeSlack.socket_url takes it)."""
+        return f"ws://127.0.0.1:{self._port}/link?ticket=t{next(self._ids)}"
+
     async def _open(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
         if auth.removeprefix("Bearer ").strip() != self.app_token:
