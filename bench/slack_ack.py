@@ -69,13 +69,15 @@ async def wait_healthy(base: str, proc: asyncio.subprocess.Process, within: floa
     raise RuntimeError("serve did not become healthy")
 
 
-async def fire(base: str, total: int, concurrency: int) -> list[float]:
+async def fire(base: str, slack: FakeSlack, total: int, concurrency: int) -> list[float]:
     """Send ``total`` mentions, ``concurrency`` in flight; the answer times in ms."""
     times: list[float] = []
     limit = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession() as http:
 
         async def one(i: int) -> None:
+            # The message people wrote is in the channel, as it would be in Slack.
+            slack.add_message("C_BENCH", f"ping {i}", user="U_BENCH", ts=f"{1700000000 + i}.000100")
             envelope = app_mention_event(
                 user="U_BENCH",
                 text=f"<@{BOT_USER_ID}> ping {i}",
@@ -125,8 +127,8 @@ async def run_backend(name: str, db_url: str, total: int, concurrency: int) -> d
         try:
             base = f"http://127.0.0.1:{port}"
             await wait_healthy(base, proc)
-            await fire(base, min(50, total), concurrency)  # warm-up
-            times = await fire(base, total, concurrency)
+            await fire(base, slack, min(50, total), concurrency)  # warm-up
+            times = await fire(base, slack, total, concurrency)
         finally:
             proc.terminate()
             try:

@@ -78,7 +78,7 @@ def create_engine(config: DatabaseConfig, *, pool_size: int = 10) -> AsyncEngine
         connect_args["server_settings"] = {"search_path": config.schema}
     # The hot paths (appends, leases) have their own asyncpg pool of ``pool_size``
     # (engine/pg_fast.py); this one serves reads and inputs, so it can be smaller.
-    small = max(2, pool_size // 4)
+    small = max(5, pool_size // 4)
     return create_async_engine(
         config.url,
         pool_size=small,
