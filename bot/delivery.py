@@ -3,9 +3,12 @@
 What a thread shows is a projection of its events (DESIGN, "Slack"): one message per
 shown event (the approval card; one line per tool call, result, question, error,
 answer), the card updated in place when its approval is decided, expires or the thread
-is cancelled, each delivery recorded as a ``message_posted`` receipt. The pure
-:func:`pending_deliveries` says what is still to do; :class:`Delivery` does it in log
-order, one thread at a time, under the thread's lease.
+is cancelled, and the thread's status message (with its Cancel button while the thread
+is active) posted first and updated in place as the status changes; each delivery is
+recorded as a ``message_posted`` receipt. The pure
+:func:`bot.outbox.pending_deliveries` says what is still to do (re-exported here, with
+the rest of :mod:`bot.outbox`); :class:`Delivery` does it in log order, one thread at a
+time, under the thread's lease.
 
 chat.postMessage has no idempotency key, so every post carries metadata naming its
 event; where an earlier post may have landed without its receipt (first post for the
@@ -22,9 +25,8 @@ import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -32,6 +34,15 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetr
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks as bk
+from bot.outbox import METADATA_TYPE as METADATA_TYPE  # re-exported, as the others
+from bot.outbox import (
+    Outbound,
+    metadata,
+    pending_deliveries,
+    render,
+    shown_event,
+    shown_upto,
+)
 from engine import events as ev
 from engine.errors import ConcurrencyConflict
 from engine.state import ThreadState, reduce
@@ -39,131 +50,11 @@ from engine.store import Store, ThreadInfo
 
 log = logging.getLogger("opsloop.delivery")
 
-METADATA_TYPE = "opsloop_event"
-# The events that close an open approval card, and what the card then says.
-_OUTCOMES: dict[str, bk.Outcome] = {
-    "approval_granted": "approved",
-    "approval_rejected": "rejected",
-    "approval_expired": "expired",
-    "thread_cancelled": "cancelled",
-}
 MAX_INLINE_RETRIES = 3  # 429s waited out within one call
 MAX_RETRY_S = 300.0
 MAX_RETRIES = 10  # in-process retries in a row; then the next deliver call or a restart
 _MAX_STEPS = 1000  # Slack calls per pass; the next pass does the rest
 _REMEMBERED = 10_000  # threads this process remembers having looked up in Slack
-
-
-@dataclass(frozen=True)
-class Outbound:
-    """One thing to show: a new message (``post``), or the card ``card`` to ``update``.
-
-    ``event`` is what the receipt names (``shows_event_id``); ``call`` is the tool call
-    of a card or of a line; ``card_ts`` is empty while the card is not posted yet.
-    """
-
-    kind: Literal["post", "update"]
-    event: ev.AnyEvent
-    requester: str | None = None
-    call: ev.ToolCallRequested | None = None
-    card: ev.ApprovalRequested | None = None
-    card_ts: str = ""
-
-
-def pending_deliveries(events: Sequence[ev.AnyEvent]) -> list[Outbound]:
-    """What a whole log still has to show, in log order (pure).
-
-    An event with a receipt is shown. A card update is done when a receipt for the
-    closing event carries the card's ts; a cancellation also posts its own line, whose
-    receipt has another ts.
-    """
-    receipts: dict[str, list[str]] = {}
-    for e in events:
-        if isinstance(e, ev.MessagePosted):
-            receipts.setdefault(e.shows_event_id, []).append(e.ts)
-    out: list[Outbound] = []
-    requester: str | None = None
-    calls: dict[str, ev.ToolCallRequested] = {}
-    cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
-    for e in events:
-        shown = receipts.get(e.event_id, [])
-        if isinstance(e, ev.UserMessage) and requester is None:
-            requester = e.actor
-        elif isinstance(e, ev.ToolCallRequested):
-            calls[e.tool_call_id] = e
-        elif isinstance(e, ev.ApprovalRequested) and e.tool_call_id in calls:
-            if not shown:
-                out.append(Outbound("post", e, requester, calls[e.tool_call_id]))
-            cards[e.tool_call_id] = (e, shown[0] if shown else "")
-            continue
-        closing: list[tuple[ev.ApprovalRequested, str]] = []
-        if e.type == "thread_cancelled":
-            closing, cards = list(cards.values()), {}
-        elif e.type in _OUTCOMES and (card := cards.pop(getattr(e, "tool_call_id", ""), None)):
-            closing = [card]
-        for card, ts in closing:
-            if not ts or ts not in shown:
-                out.append(Outbound("update", e, requester, calls[card.tool_call_id], card, ts))
-        card_ts = {ts for _, ts in closing}
-        if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
-            call = calls.get(getattr(e, "tool_call_id", None) or "")
-            out.append(Outbound("post", e, requester, call))
-    return out
-
-
-def _has_line(e: ev.AnyEvent) -> bool:
-    if isinstance(e, ev.ToolCallRequested):
-        return e.policy != "approve_before_run"  # its approval card shows it
-    return e.type in bk.SHOWN_TYPES
-
-
-def render(item: Outbound) -> list[bk.Block]:
-    """The blocks showing ``item`` (pure)."""
-    e = item.event
-    if item.kind == "update":
-        assert item.card is not None and item.call is not None
-        by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
-        return bk.decided_card(
-            thread_id=e.thread_id,
-            requester=item.requester,
-            call=item.call,
-            reason=item.card.reason,
-            expires_at=item.card.expires_at,
-            outcome=_OUTCOMES[e.type],
-            by=by,
-            at=e.created_at,
-            decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
-        )
-    if isinstance(e, ev.ApprovalRequested):
-        assert item.call is not None
-        return bk.approval_card(
-            thread_id=e.thread_id,
-            requester=item.requester,
-            call=item.call,
-            reason=e.reason,
-            expires_at=e.expires_at,
-            arguments_hash=e.arguments_hash,
-        )
-    name = item.call.intent if item.call is not None else None
-    return bk.event_line(e, tool_name=name, requester=item.requester) or []
-
-
-def metadata(thread_id: str, event_id: str) -> dict[str, Any]:
-    """The Slack message metadata naming the event a message shows."""
-    payload = {"thread_id": thread_id, "event_id": event_id}
-    return {"event_type": METADATA_TYPE, "event_payload": payload}
-
-
-def shown_event(message: dict[str, Any], thread_id: str) -> str | None:
-    """The id of the event of ``thread_id`` that a Slack message's metadata names."""
-    meta = message.get("metadata")
-    if not isinstance(meta, dict) or meta.get("event_type") != METADATA_TYPE:
-        return None
-    payload = meta.get("event_payload")
-    if not isinstance(payload, dict) or payload.get("thread_id") != thread_id:
-        return None
-    event_id = payload.get("event_id")
-    return event_id if isinstance(event_id, str) else None
 
 
 class _Stop(Exception):
@@ -179,7 +70,8 @@ class Delivery:
     over a thread; the lease keeps other processes out.
 
     ``owner`` names the lease (a lease found held by the same owner, e.g. this process's
-    runner, is used and left in place). ``approvers``: kept for a status line (none yet).
+    runner, is used and left in place). ``approvers``: named by the thread's status
+    message while an approval is awaited.
     ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
     (None: only the next ``deliver`` call retries).
     """
@@ -226,7 +118,7 @@ class Delivery:
         """
         async with self._exclusive(thread_id):
             events = await self.store.select_events(thread_id)
-            if not pending_deliveries(events):
+            if not self._pending(events):
                 return 0
             info = await self.store.get_thread(thread_id)
             now = self.clock()
@@ -273,6 +165,9 @@ class Delivery:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # --- internals ------------------------------------------------------------------
+
+    def _pending(self, events: list[ev.AnyEvent]) -> list[Outbound]:
+        return pending_deliveries(events, approvers=self.approvers)
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, thread_id: str) -> AsyncIterator[None]:
@@ -380,9 +275,9 @@ class _Pass:
 
     async def run(self, events: list[ev.AnyEvent]) -> int:
         self.events, self.state = list(events), reduce(events)
-        look = self._must_look(pending_deliveries(self.events))
+        look = self._must_look(self.d._pending(self.events))
         for _ in range(_MAX_STEPS):
-            todo = pending_deliveries(self.events)
+            todo = self.d._pending(self.events)
             if not todo:
                 if not await self._catch_up():  # nothing appended meanwhile: done
                     break
@@ -411,9 +306,10 @@ class _Pass:
         return tail
 
     async def _look_in_slack(self, todo: list[Outbound]) -> None:
-        """Record receipts for the posts already in the Slack thread."""
+        """Record receipts for the posts already in the Slack thread (for the status
+        message, also the receipt of the last event whose state it shows)."""
         wanted = [item.event.event_id for item in todo if item.kind == "post"]
-        found: dict[str, str] = {}
+        found: dict[str, dict[str, Any]] = {}
         cursor: str | None = None
         while True:
             page = await self.d._call(
@@ -429,15 +325,19 @@ class _Pass:
             for message in page.get("messages") or []:
                 event_id = shown_event(message, self.thread_id)
                 if event_id in wanted and isinstance(message.get("ts"), str):
-                    found.setdefault(event_id, message["ts"])
+                    found.setdefault(event_id, message)
             cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor or not page.get("has_more", True):
                 break
-        receipts = [
-            ev.MessagePosted(shows_event_id=eid, channel=self.info.channel, ts=found[eid])
-            for eid in wanted
-            if eid in found
-        ]
+        known = {e.event_id for e in self.events}
+        receipts: list[ev.MessagePosted] = []
+        for eid in (eid for eid in wanted if eid in found):
+            ts = found[eid]["ts"]
+            upto = shown_upto(found[eid], self.thread_id)
+            for shows in dict.fromkeys([eid, *([upto] if upto in known else [])]):
+                receipts.append(
+                    ev.MessagePosted(shows_event_id=shows, channel=self.info.channel, ts=ts)
+                )
         if receipts:
             shown = ",".join(r.shows_event_id for r in receipts)
             log.info(
@@ -453,10 +353,16 @@ class _Pass:
         blocks = render(item)
         message = {"text": bk.fallback_text(blocks), "blocks": blocks}
         channel = self.info.channel
-        if item.kind == "update":
-            assert item.card is not None and item.card_ts, "a card is posted before its update"
-            ts = item.card_ts
+        status = item.status
+        if status is not None:  # the first user_message's, and the state's last event
+            shows = metadata(self.thread_id, status.anchor, upto=status.upto)
+        elif item.card is not None:
             shows = metadata(self.thread_id, item.card.event_id)  # the card's, unchanged
+        else:
+            shows = metadata(self.thread_id, event_id)
+        if item.kind == "update":
+            assert item.card_ts, "a message is posted before its update"
+            ts = item.card_ts
             await self.d._call(
                 "chat.update",
                 self.d.client.chat_update,
@@ -474,7 +380,7 @@ class _Pass:
                     where,
                     channel=channel,
                     thread_ts=self.info.root_ts,
-                    metadata=metadata(self.thread_id, event_id),
+                    metadata=shows,
                     **message,
                 )
             except BaseException as exc:
@@ -483,8 +389,11 @@ class _Pass:
                 raise
             ts, channel = answer["ts"], answer.get("channel") or channel
         self.made += 1
+        # A status message shows the state after status.upto: that event's receipt says so.
+        ids = dict.fromkeys([event_id, *([status.upto] if status is not None else [])])
+        receipts = [ev.MessagePosted(shows_event_id=i, channel=channel, ts=ts) for i in ids]
         try:
-            await self._record([ev.MessagePosted(shows_event_id=event_id, channel=channel, ts=ts)])
+            await self._record(receipts)
         except BaseException:
             self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
             raise

@@ -18,6 +18,7 @@ from slack_sdk.models.blocks import Block as SdkBlock
 from slack_sdk.models.views import View as SdkView
 
 from bot import blocks as b
+from bot import limits
 from bot import mrkdwn as md
 from engine import events as ev
 from engine.state import PendingCall, ThreadState, WaitInfo
@@ -811,6 +812,13 @@ def test_check_limits_names_each_violation(rendering: Any, problem: str) -> None
     assert problem in b.check_limits(rendering)
 
 
+def test_the_limits_live_in_bot_limits_and_are_still_importable_from_bot_blocks() -> None:
+    assert b.check_limits is limits.check_limits
+    names = [n for n in dir(limits) if n.startswith("MAX_")]
+    assert len(names) == 19
+    assert all(getattr(b, n) is getattr(limits, n) for n in names)
+
+
 def test_check_limits_counts_astral_characters_twice() -> None:
     assert b.check_limits([section("𝕏" * 1500)]) == []
     assert b.check_limits([section("𝕏" * 1501)]) == ["blocks[0].text.text: 3002 characters > 3000"]
@@ -821,7 +829,8 @@ def test_check_limits_counts_astral_characters_twice() -> None:
 
 def test_rendering_modules_do_no_io_and_import_no_slack_library() -> None:
     code = (
-        "import json, sys\nimport bot.blocks, bot.mrkdwn\nprint(json.dumps(sorted(sys.modules)))\n"
+        "import json, sys\nimport bot.blocks, bot.limits, bot.mrkdwn\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True

@@ -1,14 +1,19 @@
 """Delivery: the Slack thread as a projection of the log, against the fake Slack, on
-SQLite and PostgreSQL; ``pending_deliveries`` alone, without Slack."""
+SQLite and PostgreSQL; ``pending_deliveries`` alone, without Slack.
+
+Every thread's first bot message is its status message (see ``status_and_lines``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +21,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetr
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks as bk
+from bot import outbox
 from bot.delivery import Delivery, Outbound, pending_deliveries, render, shown_event
 from engine import events as ev
 from engine.errors import StoreUnavailable
@@ -24,11 +30,13 @@ from engine.inputs import cancel, decide_approval, post_user_message
 from engine.models.scripted import ScriptedModel, Step, call, say
 from engine.policy import ApproverPolicy
 from engine.runner import Runner
+from engine.state import reduce
 from engine.store import Store, ThreadKey
 from tests.fakes.slack import TEAM_ID, TOKEN, FakeSlack
 from tests.support import logs
 from tests.support.demo_tools import make_tools
 
+ROOT = Path(__file__).resolve().parents[2]
 CHANNEL = "C0OPS00001"
 REQUESTER = "U0REQUEST"
 REVIEWER = "U0REVIEW"
@@ -81,6 +89,34 @@ def all_text(message: dict[str, Any]) -> str:
     return message.get("text", "") + json.dumps(message.get("blocks", []))
 
 
+async def first_message(store: Store, tid: str) -> ev.UserMessage:
+    return next(e for e in await store.select_events(tid) if isinstance(e, ev.UserMessage))
+
+
+async def status_and_lines(
+    store: Store, slack: FakeSlack, tid: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The thread's status message (its one message showing the first user_message,
+    and its first bot message) and the other bot messages in the thread."""
+    posts = [m for m in slack.posted(CHANNEL) if shown(m, tid) is not None]
+    anchor = (await first_message(store, tid)).event_id
+    assert [shown(m, tid) for m in posts].count(anchor) == 1, "one status message"
+    assert shown(posts[0], tid) == anchor, "the status message comes first"
+    return posts[0], posts[1:]
+
+
+async def line_receipts(store: Store, tid: str, status: dict[str, Any]) -> list[ev.MessagePosted]:
+    """The receipts of everything but the status message."""
+    return [r for r in await receipts(store, tid) if r.ts != status["ts"]]
+
+
+def cancel_button(message: dict[str, Any]) -> dict[str, Any] | None:
+    accessories = [b.get("accessory") for b in message["blocks"] if b.get("accessory")]
+    buttons = [a for a in accessories if a.get("action_id") == bk.CANCEL_ACTION]
+    assert len(buttons) <= 1
+    return buttons[0] if buttons else None
+
+
 # --- posting --------------------------------------------------------------------------
 
 
@@ -89,16 +125,16 @@ async def test_thread_to_final_answer_posts_each_line_once_with_metadata_and_rec
 ):
     tid = await start(store, slack, LOOKUP)
     root = (await store.get_thread(tid)).root_ts
-    assert await delivery.deliver(tid) == 3
-    posts = slack.posted(CHANNEL)
+    assert await delivery.deliver(tid) == 4  # the status message and three lines
+    status, posts = await status_and_lines(store, slack, tid)
     events = await by_id(store, tid)
     shown_types = [events[shown(m, tid)].type for m in posts]
     assert shown_types == ["tool_call_requested", "tool_result", "final_answer"]
-    assert all(m["thread_ts"] == root for m in posts)
-    assert all(m["metadata"]["event_type"] == "opsloop_event" for m in posts)
+    assert all(m["thread_ts"] == root for m in [status, *posts])
+    assert all(m["metadata"]["event_type"] == "opsloop_event" for m in [status, *posts])
     assert "db found" in posts[-1]["text"]
     assert "lookup" in all_text(posts[0])
-    got = await receipts(store, tid)
+    got = await line_receipts(store, tid, status)
     assert [(r.shows_event_id, r.ts, r.channel) for r in got] == [
         (shown(m, tid), m["ts"], CHANNEL) for m in posts
     ]
@@ -109,12 +145,13 @@ async def test_thread_to_final_answer_posts_each_line_once_with_metadata_and_rec
 
 async def test_delivering_again_posts_nothing_and_calls_slack_no_more(store, slack, delivery):
     tid = await start(store, slack, LOOKUP)
-    assert await delivery.deliver(tid) == 3
+    assert await delivery.deliver(tid) == 4
     calls = len(slack.calls)
     assert await delivery.deliver(tid) == 0
     assert await Delivery(store, client_for(slack), owner="proc-b").deliver(tid) == 0
     assert len(slack.calls) == calls
-    assert len(await receipts(store, tid)) == 3
+    status, _ = await status_and_lines(store, slack, tid)
+    assert len(await line_receipts(store, tid, status)) == 3
 
 
 async def test_concurrent_deliveries_post_each_event_once(store, slack):
@@ -122,10 +159,11 @@ async def test_concurrent_deliveries_post_each_event_once(store, slack):
     a = Delivery(store, client_for(slack), owner="proc-a", retry_base=None)
     b = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     made = await asyncio.gather(a.deliver(tid), a.deliver(tid), b.deliver(tid), b.deliver(tid))
-    assert len(slack.posted(CHANNEL)) == 3
-    assert len({shown(m, tid) for m in slack.posted(CHANNEL)}) == 3
-    assert len(await receipts(store, tid)) == 3
-    assert sum(made) == 3  # a pass that lost the lease race made nothing
+    assert len(slack.posted(CHANNEL)) == 4
+    assert len({shown(m, tid) for m in slack.posted(CHANNEL)}) == 4
+    status, _ = await status_and_lines(store, slack, tid)
+    assert len(await line_receipts(store, tid, status)) == 3
+    assert sum(made) == 4  # a pass that lost the lease race made nothing
 
 
 async def test_another_owner_holding_the_lease_gets_0_and_it_delivers_later(store, slack, delivery):
@@ -134,21 +172,21 @@ async def test_another_owner_holding_the_lease_gets_0_and_it_delivers_later(stor
     assert await delivery.deliver(tid) == 0
     assert slack.calls == []
     await store.release_lease(tid, "someone-else")
-    assert await delivery.deliver(tid) == 3
+    assert await delivery.deliver(tid) == 4
     assert (await store.get_thread(tid)).lease_owner is None  # released after the pass
 
 
 async def test_a_lease_held_by_the_same_owner_is_used_and_left_in_place(store, slack, delivery):
     tid = await start(store, slack, LOOKUP)
     assert await store.acquire_lease(tid, "proc-a", 30)  # say, this process's runner
-    assert await delivery.deliver(tid) == 3
+    assert await delivery.deliver(tid) == 4
     assert (await store.get_thread(tid)).lease_owner == "proc-a"
 
 
 async def test_posts_escape_what_the_model_wrote(store, slack, delivery):
     tid = await start(store, slack, [say("<!channel> done & <https://evil.example|login>")])
-    assert await delivery.deliver(tid) == 1
-    [answer] = slack.posted(CHANNEL)
+    assert await delivery.deliver(tid) == 2
+    _, [answer] = await status_and_lines(store, slack, tid)
     text = all_text(answer)
     assert "&lt;!channel&gt; done &amp; &lt;https://evil.example|login&gt;" in text
     assert "<!channel>" not in text and "<https://evil" not in text
@@ -162,8 +200,8 @@ async def card_for(store: Store, slack: FakeSlack, delivery: Delivery) -> tuple[
     tid = await start(store, slack, DEPLOY)
     state = await store.load(tid)
     assert state.status == "awaiting_approval"
-    assert await delivery.deliver(tid) == 1
-    [card] = slack.posted(CHANNEL)
+    assert await delivery.deliver(tid) == 2  # the status message, then the card
+    _, [card] = await status_and_lines(store, slack, tid)
     assert (await by_id(store, tid))[shown(card, tid)].type == "approval_requested"
     actions = [b for b in card["blocks"] if b["type"] == "actions"]
     assert [e["action_id"] for e in actions[0]["elements"]] == [bk.APPROVE_ACTION, bk.REJECT_ACTION]
@@ -178,36 +216,36 @@ async def decide(store: Store, tid: str, cid: str, decision: str, reason: str = 
 
 
 async def the_update(slack: FakeSlack, card: dict[str, Any]) -> dict[str, Any]:
-    [update] = slack.calls_to("chat.update")
-    assert update.params["ts"] == card["ts"] and update.params["channel"] == CHANNEL
+    [update] = [c for c in slack.calls_to("chat.update") if c.params["ts"] == card["ts"]]
+    assert update.params["channel"] == CHANNEL
     return update.params
 
 
 async def test_approval_updates_the_card_in_place_naming_the_reviewer(store, slack, delivery):
     tid, card, cid = await card_for(store, slack, delivery)
     await decide(store, tid, cid, "approve")
-    assert await delivery.deliver(tid) == 1
+    assert await delivery.deliver(tid) == 2  # the card, and the status message
     params = await the_update(slack, card)
     text = json.dumps(params["blocks"])
     assert f"Approved by <@{REVIEWER}>" in text
     assert not [b for b in params["blocks"] if b["type"] == "actions"]  # no live buttons
     assert params["metadata"] == card["metadata"]  # still names the card's event
-    assert len(slack.posted(CHANNEL)) == 1  # updated, not posted again
+    assert len(slack.posted(CHANNEL)) == 2  # updated, not posted again
     granted = [e for e in await store.select_events(tid) if e.type == "approval_granted"]
-    assert [(r.shows_event_id, r.ts) for r in await receipts(store, tid)][-1] == (
+    assert [(r.shows_event_id, r.ts) for r in await receipts(store, tid)][-2] == (
         granted[0].event_id,
         card["ts"],
     )
     # The call runs; its result and the answer follow in the thread.
     await runner(store, DEPLOY).run(tid)
-    assert await delivery.deliver(tid) == 2
+    assert await delivery.deliver(tid) == 3  # two lines, and the status message
     assert "Deployed api." in slack.posted(CHANNEL)[-1]["text"]
 
 
 async def test_rejection_with_a_reason_shows_who_and_why_on_the_card(store, slack, delivery):
     tid, card, cid = await card_for(store, slack, delivery)
     await decide(store, tid, cid, "reject", reason="freeze until <Monday>")
-    assert await delivery.deliver(tid) == 1
+    assert await delivery.deliver(tid) == 2
     text = json.dumps((await the_update(slack, card))["blocks"])
     assert f"Rejected by <@{REVIEWER}>" in text
     assert "freeze until &lt;Monday&gt;" in text
@@ -217,23 +255,123 @@ async def test_expiry_updates_the_card(store, slack, delivery):
     tid, card, cid = await card_for(store, slack, delivery)
     state = await store.load(tid)
     await store.append(tid, state.last_seq, [ev.ApprovalExpired(tool_call_id=cid)], state=state)
-    assert await delivery.deliver(tid) == 1
+    assert await delivery.deliver(tid) == 2
     assert "Expired" in json.dumps((await the_update(slack, card))["blocks"])
 
 
 async def test_cancelling_updates_the_pending_card_and_posts_a_line(store, slack, delivery):
     tid, card, _ = await card_for(store, slack, delivery)
     await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy(), reason="wrong env")
-    assert await delivery.deliver(tid) == 2
+    assert await delivery.deliver(tid) == 3  # the card, a line, the status message
     assert f"Cancelled by <@{REQUESTER}>" in json.dumps((await the_update(slack, card))["blocks"])
-    line = slack.posted(CHANNEL)[-1]
+    status, [_, line] = await status_and_lines(store, slack, tid)
     assert "wrong env" in all_text(line)
     cancelled = next(e for e in await store.select_events(tid) if e.type == "thread_cancelled")
     assert {r.ts for r in await receipts(store, tid) if r.shows_event_id == cancelled.event_id} == {
         card["ts"],
         line["ts"],
+        status["ts"],
     }
+    assert "Cancelled" in all_text(status) and cancel_button(status) is None
     assert await delivery.deliver(tid) == 0
+
+
+# --- the status message ----------------------------------------------------------------
+
+
+def status_updates(slack: FakeSlack, status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c.params for c in slack.calls_to("chat.update") if c.params["ts"] == status["ts"]]
+
+
+async def test_the_status_message_is_posted_first_once_and_updated_in_place(store, slack):
+    """Awaiting approval, running, done: each stage delivered by a new process, so what
+    the status message shows is read from the log, not remembered."""
+
+    def process(name: str) -> Delivery:
+        return Delivery(store, client_for(slack), owner=name, approvers=[REVIEWER])
+
+    tid = await start(store, slack, DEPLOY)
+    assert await process("proc-1").deliver(tid) == 2
+    status, [card] = await status_and_lines(store, slack, tid)
+    assert shown(card, tid) is not None and card["ts"] > status["ts"]
+    assert status["thread_ts"] == (await store.get_thread(tid)).root_ts
+    first = await first_message(store, tid)
+    assert status["metadata"]["event_payload"]["event_id"] == first.event_id
+    assert (await receipts(store, tid))[0].shows_event_id == first.event_id
+    assert (await receipts(store, tid))[0].ts == status["ts"]
+    assert "Waiting for approval" in all_text(status) and f"<@{REVIEWER}>" in all_text(status)
+    button = cancel_button(status)
+    assert button is not None and button["value"] == tid
+    assert await process("proc-2").deliver(tid) == 0  # nothing changed: no call at all
+
+    await decide(store, tid, (await store.load(tid)).pending.tool_call_id, "approve")
+    assert await process("proc-3").deliver(tid) == 2  # the card, then the status message
+    [running] = status_updates(slack, status)
+    assert slack.calls_to("chat.update")[-1].params is running  # after the card's update
+    assert "Working" in all_text(running) and cancel_button(running)["value"] == tid
+    assert running["metadata"]["event_payload"]["event_id"] == first.event_id
+
+    await runner(store, DEPLOY).run(tid)
+    assert await process("proc-4").deliver(tid) == 3  # two lines, then the status message
+    [_, done] = status_updates(slack, status)
+    assert "Done" in all_text(done) and cancel_button(done) is None
+    assert await process("proc-5").deliver(tid) == 0
+    shown_now, _ = await status_and_lines(store, slack, tid)  # still one, still first
+    assert shown_now["ts"] == status["ts"] and cancel_button(shown_now) is None
+    assert len(slack.calls_to("chat.postMessage")) == 4  # status, card, result, answer
+    # Each update is recorded: a receipt of the latest event, with the message's ts.
+    events = await store.select_events(tid)
+    last = [e for e in events if e.type != "message_posted"][-1]
+    assert [r.shows_event_id for r in await receipts(store, tid) if r.ts == status["ts"]] == [
+        first.event_id,
+        next(e.event_id for e in events if e.type == "approval_requested"),  # when posted
+        next(e.event_id for e in events if e.type == "approval_granted"),
+        last.event_id,
+    ]
+
+
+async def test_the_status_message_is_not_posted_twice_by_two_processes(store, slack):
+    tid = await start(store, slack, DEPLOY)
+    a = Delivery(store, client_for(slack), owner="proc-a", retry_base=None)
+    b = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    await asyncio.gather(a.deliver(tid), b.deliver(tid), a.deliver(tid), b.deliver(tid))
+    assert await a.deliver(tid) == 0 and await b.deliver(tid) == 0
+    status, [_card] = await status_and_lines(store, slack, tid)
+    await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy())
+    await asyncio.gather(b.deliver(tid), a.deliver(tid))
+    status, [_card, _line] = await status_and_lines(store, slack, tid)
+    [update] = status_updates(slack, status)
+    assert "Cancelled" in all_text(update) and cancel_button(update) is None
+
+
+async def test_a_status_post_whose_receipt_was_lost_is_found_and_then_updated(store, slack):
+    """The post landed, its receipts did not; meanwhile the thread moved on. A new
+    process finds the message by its metadata (never posts another) and updates it."""
+    tid = await start(store, slack, DEPLOY)
+    gate = slack.hold("chat.postMessage")
+    first = Delivery(store, client_for(slack, timeout=1), owner="proc-a", retry_base=None)
+    assert await first.deliver(tid) == 0
+    gate.set()
+    [status] = slack.posted(CHANNEL)
+    assert "Waiting for approval" in all_text(status) and await receipts(store, tid) == []
+    await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy(), reason="not today")
+    again = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    assert await again.deliver(tid) == 4  # the card posted and updated, a line, the status
+    status, [card, line] = await status_and_lines(store, slack, tid)
+    assert "Cancelled" in all_text(status) and cancel_button(status) is None
+    assert "Cancelled" in all_text(card) and "not today" in all_text(line)
+    assert len(slack.calls_to("chat.postMessage")) == 3  # the status message once, card, line
+    assert await Delivery(store, client_for(slack), owner="proc-c").deliver(tid) == 0
+
+
+def test_the_pure_modules_do_no_io():
+    code = "import json, sys\nimport bot.outbox, bot.limits\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    roots = {name.partition(".")[0] for name in json.loads(out.stdout)}
+    assert not roots & {"slack_sdk", "slack_bolt", "aiohttp", "sqlalchemy", "asyncpg"}
+    assert outbox.pending_deliveries is pending_deliveries  # and bot.delivery re-exports
 
 
 # --- crashes and lost answers ---------------------------------------------------------
@@ -249,11 +387,20 @@ async def test_a_post_whose_answer_was_lost_is_found_in_slack_not_posted_again(s
     assert await receipts(store, tid) == []
     gate.set()
     again = first if later == "same process" else Delivery(store, client_for(slack), owner="p-b")
-    assert await again.deliver(tid) == 2  # the two others; the first one is found
-    posts = slack.posted(CHANNEL)
-    assert len(slack.calls_to("chat.postMessage")) == 3 and len(posts) == 3
+    assert await again.deliver(tid) == 3  # the three lines; the status message is found
+    status, posts = await status_and_lines(store, slack, tid)
+    assert len(slack.calls_to("chat.postMessage")) == 4 and len(posts) == 3
     got = await receipts(store, tid)
-    assert [(r.shows_event_id, r.ts) for r in got] == [(shown(m, tid), m["ts"]) for m in posts]
+    # Its metadata names the last event whose state it shows: that receipt is recovered
+    # too, so it is not updated for nothing.
+    last = (await store.select_events(tid))[-len(got) - 1]
+    assert last.type == "final_answer"
+    assert [(r.shows_event_id, r.ts) for r in got] == [
+        (shown(status, tid), status["ts"]),
+        (last.event_id, status["ts"]),
+        *((shown(m, tid), m["ts"]) for m in posts),
+    ]
+    assert slack.calls_to("chat.update") == []
 
 
 async def test_a_receipt_lost_in_a_crash_is_recovered_without_a_second_post(
@@ -271,11 +418,13 @@ async def test_a_receipt_lost_in_a_crash_is_recovered_without_a_second_post(
     with pytest.raises(StoreUnavailable):
         await delivery.deliver(tid)
     monkeypatch.setattr(store, "append", real)
-    [posted] = slack.posted(CHANNEL)
+    [posted] = slack.posted(CHANNEL)  # the status message
     restarted = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
-    assert await restarted.deliver(tid) == 2
-    assert len(slack.calls_to("chat.postMessage")) == 3
+    assert await restarted.deliver(tid) == 3
+    assert len(slack.calls_to("chat.postMessage")) == 4
     assert (await receipts(store, tid))[0].ts == posted["ts"]
+    status, _ = await status_and_lines(store, slack, tid)
+    assert status["ts"] == posted["ts"]
 
 
 async def test_deliver_recent_finishes_threads_updated_since(store, slack, delivery):
@@ -284,9 +433,13 @@ async def test_deliver_recent_finishes_threads_updated_since(store, slack, deliv
     await asyncio.sleep(0.01)
     new = await start(store, slack, [say("new answer")], text="new")
     await delivery.deliver_recent(since)
-    assert [shown(m, new) is not None for m in slack.posted(CHANNEL)] == [True]
+    assert [shown(m, new) is not None for m in slack.posted(CHANNEL)] == [True, True]
     await delivery.deliver_recent(since.replace(year=since.year - 1))
-    assert len(await receipts(store, old)) == 3 and len(await receipts(store, new)) == 1
+    old_status, old_lines = await status_and_lines(store, slack, old)
+    new_status, new_lines = await status_and_lines(store, slack, new)
+    assert len(old_lines) == 3 and len(new_lines) == 1
+    assert len(await line_receipts(store, old, old_status)) == 3
+    assert len(await line_receipts(store, new, new_status)) == 1
 
 
 # --- Slack errors ---------------------------------------------------------------------
@@ -296,10 +449,10 @@ async def test_a_429_is_waited_out_and_retried(store, slack, delivery):
     tid = await start(store, slack, LOOKUP)
     slack.rate_limit("chat.postMessage", times=1, retry_after=1)
     began = time.monotonic()
-    assert await delivery.deliver(tid) == 3
+    assert await delivery.deliver(tid) == 4
     assert time.monotonic() - began >= 1
-    assert len(slack.calls_to("chat.postMessage")) == 4  # the 429, then three posts
-    assert len(slack.posted(CHANNEL)) == 3
+    assert len(slack.calls_to("chat.postMessage")) == 5  # the 429, then four posts
+    assert len(slack.posted(CHANNEL)) == 4
 
 
 async def test_a_429_longer_than_the_inline_wait_stops_for_now(store, slack, delivery):
@@ -309,7 +462,7 @@ async def test_a_429_longer_than_the_inline_wait_stops_for_now(store, slack, del
     assert await delivery.deliver(tid) == 0
     assert time.monotonic() - began < 5
     assert slack.posted(CHANNEL) == [] and await receipts(store, tid) == []
-    assert await delivery.deliver(tid) == 3
+    assert await delivery.deliver(tid) == 4
 
 
 async def test_a_slack_error_is_logged_and_the_event_delivered_later(
@@ -323,8 +476,8 @@ async def test_a_slack_error_is_logged_and_the_event_delivered_later(
     assert f"thread_id={tid} event_id={first}" in caplog.text
     assert "internal_error" in caplog.text and TOKEN not in caplog.text
     assert await receipts(store, tid) == []
-    assert await delivery.deliver(tid) == 3
-    assert len(slack.posted(CHANNEL)) == 3
+    assert await delivery.deliver(tid) == 4
+    assert len(slack.posted(CHANNEL)) == 4
 
 
 async def test_a_stopped_pass_is_retried_in_process(store, slack):
@@ -333,12 +486,13 @@ async def test_a_stopped_pass_is_retried_in_process(store, slack):
     slack.fail("chat.postMessage", "internal_error")
     try:
         assert await d.deliver(tid) == 0
-        await slack.wait_for("chat.postMessage", 4)  # the failed one, then three
+        await slack.wait_for("chat.postMessage", 5)  # the failed one, then four
         await asyncio.gather(*d._tasks)  # the retry's receipts
-        assert len(await receipts(store, tid)) == 3
+        status, _ = await status_and_lines(store, slack, tid)
+        assert len(await line_receipts(store, tid, status)) == 3
     finally:
         await d.close()
-    assert len(slack.posted(CHANNEL)) == 3
+    assert len(slack.posted(CHANNEL)) == 4
 
 
 async def test_posts_are_not_resent_by_the_sdk_after_a_connection_error(store, slack):
@@ -353,59 +507,98 @@ async def test_posts_are_not_resent_by_the_sdk_after_a_connection_error(store, s
 
 
 def kinds(items: list[Outbound]) -> list[tuple[str, str]]:
-    return [(i.kind, i.event.type) for i in items]
+    """(kind, the event type), or (kind, "status") for the status message."""
+    return [(i.kind, "status" if i.status else i.event.type) for i in items]
 
 
 def receipt(event: ev.Event, ts: str) -> ev.MessagePosted:
-    return ev.MessagePosted(shows_event_id=event.event_id, channel="C1", ts=ts)
+    return receipt_of(event.event_id, ts)
+
+
+def receipt_of(event_id: str, ts: str) -> ev.MessagePosted:
+    return ev.MessagePosted(shows_event_id=event_id, channel="C1", ts=ts)
 
 
 def test_pending_deliveries_of_a_whole_thread_in_log_order():
     log = logs.stamp(logs.happy_path())
     assert kinds(pending_deliveries(log)) == [
+        ("post", "status"),
         ("post", "tool_call_requested"), ("post", "tool_result"),
         ("post", "approval_requested"), ("update", "approval_granted"),
         ("post", "tool_result"), ("post", "final_answer"),
     ]  # fmt: skip
     items = pending_deliveries(log)
-    assert items[4].call is not None and items[4].call.intent == "deploy"  # names the tool
-    assert items[3].card_ts == ""  # the card is not posted yet
+    assert items[5].call is not None and items[5].call.intent == "deploy"  # names the tool
+    assert items[4].card_ts == ""  # the card is not posted yet
+
+
+def test_the_status_message_is_posted_first_for_the_first_user_message_showing_now():
+    log = logs.stamp([*logs.happy_path(), logs.user("and again")])
+    [status, *_] = pending_deliveries(log, approvers=[logs.REVIEWER])
+    assert status.kind == "post" and status.event is log[0]
+    assert status.status is not None and status.status.anchor == log[0].event_id
+    assert status.status.upto == log[-1].event_id  # it shows the state after the last event
+    assert status.status.state == reduce(log)
+    assert render(status) == bk.status_message(reduce(log), logs.THREAD_ID)
 
 
 def test_receipts_take_events_off_and_give_the_card_its_ts():
     log = logs.stamp(logs.happy_path())
-    first3 = [i.event for i in pending_deliveries(log)[:3]]
-    log = logs.stamp([*log, *(receipt(e, f"1.{n}") for n, e in enumerate(first3))])
+    first4 = [i.event for i in pending_deliveries(log)[:4]]
+    log = logs.stamp([*log, *(receipt(e, f"1.{n}") for n, e in enumerate(first4))])
     todo = pending_deliveries(log)
     assert kinds(todo) == [
         ("update", "approval_granted"), ("post", "tool_result"), ("post", "final_answer"),
+        ("update", "status"),
     ]  # fmt: skip
-    assert todo[0].card_ts == "1.2" and todo[0].requester == logs.REQUESTER
+    assert todo[0].card_ts == "1.3" and todo[0].requester == logs.REQUESTER
     assert "Approved by" in json.dumps(render(todo[0]))
+    # The status message's receipt names the first message: it shows that state, not now.
+    assert todo[-1].card_ts == "1.0" and todo[-1].event is log[len(logs.happy_path()) - 1]
+    assert "Done" in json.dumps(render(todo[-1]))
+
+
+def test_the_status_message_is_updated_when_what_it_shows_differs_from_the_log():
+    log = logs.stamp([logs.user(), *logs.approval_pending()])
+    [status, card] = pending_deliveries(log)
+    assert status.status is not None and status.status.state.status == "awaiting_approval"
+    posted = logs.stamp([*log, receipt(log[0], "1.0"), receipt(log[-1], "1.0")])
+    posted = logs.stamp([*posted, receipt(card.event, "2.0")])
+    assert pending_deliveries(posted) == []  # it shows the state after the last event
+    grant = ev.ApprovalGranted(actor=logs.REVIEWER, tool_call_id=card.event.tool_call_id)
+    granted = logs.stamp([*posted, grant])
+    todo = pending_deliveries(granted)
+    assert kinds(todo) == [("update", "approval_granted"), ("update", "status")]
+    assert todo[-1].card_ts == "1.0" and todo[-1].event is granted[-1]
+    assert todo[0].card_ts == "2.0"
+    # Its receipt (the granted event, with the status message's ts) takes it off, and
+    # does not count as the card's update.
+    shown_now = logs.stamp([*granted, receipt(granted[-1], "1.0")])
+    assert kinds(pending_deliveries(shown_now)) == [("update", "approval_granted")]
 
 
 def test_a_cancel_updates_the_open_card_and_posts_its_line_each_once():
     log = logs.stamp([logs.user(), *logs.approval_pending(), ev.ThreadCancelled(actor="U0X")])
     card, cancelled = log[3], log[4]
-    with_card = [*log, receipt(card, "5.0")]
+    with_card = [*log, receipt(log[0], "4.0"), receipt(card, "5.0")]
     assert kinds(pending_deliveries(logs.stamp(with_card))) == [
-        ("update", "thread_cancelled"), ("post", "thread_cancelled"),
+        ("update", "thread_cancelled"), ("post", "thread_cancelled"), ("update", "status"),
     ]  # fmt: skip
-    updated = logs.stamp([*with_card, receipt(cancelled, "5.0")])
+    updated = logs.stamp([*with_card, receipt(cancelled, "5.0"), receipt(cancelled, "4.0")])
     assert kinds(pending_deliveries(updated)) == [("post", "thread_cancelled")]
-    lined = logs.stamp([*with_card, receipt(cancelled, "6.0")])
+    lined = logs.stamp([*with_card, receipt(cancelled, "6.0"), receipt(cancelled, "4.0")])
     assert kinds(pending_deliveries(lined)) == [("update", "thread_cancelled")]
 
 
 def test_events_people_need_not_see_are_never_pending():
     log = logs.stamp([logs.user(), *logs.approval_pending(), logs.user("also this")])
-    assert kinds(pending_deliveries(log)) == [("post", "approval_requested")]
+    assert kinds(pending_deliveries(log)) == [("post", "status"), ("post", "approval_requested")]
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_delivering_random_logs_shows_each_thing_once_and_ends(seed):
     log = logs.stamp(logs.random_log(seed, 60))
-    done: list[tuple[str, str]] = []
+    done: list[tuple[str, str, bool]] = []
     for n in range(200):
         todo = pending_deliveries(log)
         if not todo:
@@ -413,8 +606,11 @@ def test_delivering_random_logs_shows_each_thing_once_and_ends(seed):
         item = todo[0]
         assert item.kind == "post" or item.card_ts, "a card is updated only once posted"
         assert render(item), f"{item.event.type} renders nothing"
-        done.append((item.kind, item.event.event_id))
+        assert [i for i in todo if i.status and i.kind == "post"] in ([], [item]), "first"
+        done.append((item.kind, item.event.event_id, item.status is not None))
         ts = item.card_ts if item.kind == "update" else f"9{n}.0"
-        log = logs.stamp([*log, receipt(item.event, ts)])
+        shows = [item.event.event_id, *([item.status.upto] if item.status else [])]
+        log = logs.stamp([*log, *(receipt_of(i, ts) for i in dict.fromkeys(shows))])
     assert pending_deliveries(log) == []
     assert len(done) == len(set(done))
+    assert [kind for kind, _, status in done if status][:1] in ([], ["post"])

@@ -57,7 +57,7 @@ async def test_mention_to_approval_to_answer_through_slack(runtime, fakes):
 
         # The approval card appears in the thread with Approve and Reject.
         (card,) = [
-            c for c in await slack.wait_for("chat.postMessage", timeout=15)
+            c for c in await slack.wait_for("chat.postMessage", count=2, timeout=15)
             if APPROVE_ACTION in str(c.params.get("blocks"))
         ]  # fmt: skip
         blocks = card.params["blocks"]

@@ -1,0 +1,225 @@
+"""What a Slack thread still has to show: a pure projection of the thread's log.
+
+What a thread shows is a projection of its events (DESIGN, "Slack"): one message per
+shown event (the approval card; one line per tool call, result, question, error,
+answer), the card updated in place when its approval is decided, expires or the thread
+is cancelled. Each delivery is recorded as a ``message_posted`` receipt, so the log alone
+says what is still to do (:func:`pending_deliveries`); :func:`render` gives a message's
+blocks, and :func:`metadata` / :func:`shown_event` name, in Slack, the event a message
+shows. :mod:`bot.delivery` does the I/O.
+
+The thread's status message (what it is doing, with a Cancel button while it is
+active) is the thread's first bot message. It shows the first ``user_message``: that
+event's first receipt carries its ts. Every receipt of an event E with that ts records
+that it shows the state after E, so the latest one says what it shows now, and it is
+updated in place, last, when that differs from what the whole log says.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bot import blocks as bk
+from engine import events as ev
+from engine.state import ThreadState, apply
+
+METADATA_TYPE = "opsloop_event"
+# The events that close an open approval card, and what the card then says.
+_OUTCOMES: dict[str, bk.Outcome] = {
+    "approval_granted": "approved",
+    "approval_rejected": "rejected",
+    "approval_expired": "expired",
+    "thread_cancelled": "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What the thread's status message shows: ``state``, the state after event ``upto``.
+
+    ``anchor`` is the thread's first ``user_message``, the event the message's metadata
+    (and its first receipt) names; ``approvers`` are named while an approval is awaited.
+    """
+
+    state: ThreadState
+    anchor: str
+    upto: str
+    approvers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One thing to show: a new message (``post``), or the card ``card`` to ``update``.
+
+    ``event`` is what the receipt names (``shows_event_id``); ``call`` is the tool call
+    of a card or of a line; ``card_ts`` is empty while the card is not posted yet.
+    With ``status`` set, the message is the thread's status message instead: posted for
+    the first ``user_message`` (``event``), or updated at ``card_ts`` for ``event``, the
+    last event its state includes.
+    """
+
+    kind: Literal["post", "update"]
+    event: ev.AnyEvent
+    requester: str | None = None
+    call: ev.ToolCallRequested | None = None
+    card: ev.ApprovalRequested | None = None
+    card_ts: str = ""
+    status: StatusView | None = None
+
+
+def pending_deliveries(
+    events: Sequence[ev.AnyEvent], *, approvers: Sequence[str] = ()
+) -> list[Outbound]:
+    """What a whole log still has to show, in log order (pure).
+
+    An event with a receipt is shown. A card update is done when a receipt for the
+    closing event carries the card's ts; a cancellation also posts its own line, whose
+    receipt has another ts.
+
+    The thread's status message comes first and is updated last: see :func:`_status`.
+    Receipts carrying its ts say what it shows, so they do not count for lines and cards.
+    """
+    receipts: dict[str, list[str]] = {}
+    for e in events:
+        if isinstance(e, ev.MessagePosted):
+            receipts.setdefault(e.shows_event_id, []).append(e.ts)
+    first = next((e for e in events if isinstance(e, ev.UserMessage)), None)
+    # The status message's ts: the first receipt of the first user_message carries it.
+    status_ts = next((ts for ts in receipts.get(first.event_id, ()) if ts), "") if first else ""
+    out: list[Outbound] = []
+    requester = first.actor if first is not None else None
+    calls: dict[str, ev.ToolCallRequested] = {}
+    cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
+    for e in events:
+        shown = [ts for ts in receipts.get(e.event_id, ()) if not (ts and ts == status_ts)]
+        if isinstance(e, ev.ToolCallRequested):
+            calls[e.tool_call_id] = e
+        elif isinstance(e, ev.ApprovalRequested) and e.tool_call_id in calls:
+            if not shown:
+                out.append(Outbound("post", e, requester, calls[e.tool_call_id]))
+            cards[e.tool_call_id] = (e, shown[0] if shown else "")
+            continue
+        closing: list[tuple[ev.ApprovalRequested, str]] = []
+        if e.type == "thread_cancelled":
+            closing, cards = list(cards.values()), {}
+        elif e.type in _OUTCOMES and (card := cards.pop(getattr(e, "tool_call_id", ""), None)):
+            closing = [card]
+        for card, ts in closing:
+            if not ts or ts not in shown:
+                out.append(Outbound("update", e, requester, calls[card.tool_call_id], card, ts))
+        card_ts = {ts for _, ts in closing}
+        if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
+            call = calls.get(getattr(e, "tool_call_id", None) or "")
+            out.append(Outbound("post", e, requester, call))
+    if first is not None and (status := _status(events, first, status_ts, receipts, approvers)):
+        if status.kind == "post":
+            out.insert(0, status)
+        else:
+            out.append(status)
+    return out
+
+
+def _status(
+    events: Sequence[ev.AnyEvent],
+    first: ev.UserMessage,
+    status_ts: str,
+    receipts: dict[str, list[str]],
+    approvers: Sequence[str],
+) -> Outbound | None:
+    """The status message to post (none has a receipt yet), or to update (what it shows
+    differs from what the whole log says), or None.
+
+    A receipt of event E carrying the status message's ts records that it shows the
+    state after E; the latest such E in log order is what it shows now. Posting it
+    records two: the first ``user_message``'s, and the last event's, whose state it shows.
+    """
+    last = next(e for e in reversed(events) if not isinstance(e, ev.MessagePosted))
+    state = shown = ThreadState()
+    for e in events:
+        state = apply(state, e)
+        if status_ts and status_ts in receipts.get(e.event_id, ()):
+            shown = state
+    view = StatusView(state, first.event_id, last.event_id, tuple(approvers))
+    if first.event_id not in receipts:
+        return Outbound("post", first, first.actor, status=view)
+    if not status_ts:
+        return None  # a receipt without a ts: nothing to update
+    tid = first.thread_id
+    if bk.status_message(shown, tid, approvers=approvers) == bk.status_message(
+        state, tid, approvers=approvers
+    ):
+        return None
+    return Outbound("update", last, first.actor, card_ts=status_ts, status=view)
+
+
+def _has_line(e: ev.AnyEvent) -> bool:
+    if isinstance(e, ev.ToolCallRequested):
+        return e.policy != "approve_before_run"  # its approval card shows it
+    return e.type in bk.SHOWN_TYPES
+
+
+def render(item: Outbound) -> list[bk.Block]:
+    """The blocks showing ``item`` (pure)."""
+    e = item.event
+    if item.status is not None:
+        view = item.status
+        return bk.status_message(view.state, e.thread_id, approvers=view.approvers)
+    if item.kind == "update":
+        assert item.card is not None and item.call is not None
+        by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
+        return bk.decided_card(
+            thread_id=e.thread_id,
+            requester=item.requester,
+            call=item.call,
+            reason=item.card.reason,
+            expires_at=item.card.expires_at,
+            outcome=_OUTCOMES[e.type],
+            by=by,
+            at=e.created_at,
+            decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
+        )
+    if isinstance(e, ev.ApprovalRequested):
+        assert item.call is not None
+        return bk.approval_card(
+            thread_id=e.thread_id,
+            requester=item.requester,
+            call=item.call,
+            reason=e.reason,
+            expires_at=e.expires_at,
+            arguments_hash=e.arguments_hash,
+        )
+    name = item.call.intent if item.call is not None else None
+    return bk.event_line(e, tool_name=name, requester=item.requester) or []
+
+
+def metadata(thread_id: str, event_id: str, upto: str = "") -> dict[str, Any]:
+    """The Slack message metadata naming the event a message shows (and for the status
+    message, ``upto``: the last event whose state it shows)."""
+    payload = {"thread_id": thread_id, "event_id": event_id}
+    if upto:
+        payload["upto"] = upto
+    return {"event_type": METADATA_TYPE, "event_payload": payload}
+
+
+def shown_event(message: dict[str, Any], thread_id: str) -> str | None:
+    """The id of the event of ``thread_id`` that a Slack message's metadata names."""
+    meta = message.get("metadata")
+    if not isinstance(meta, dict) or meta.get("event_type") != METADATA_TYPE:
+        return None
+    payload = meta.get("event_payload")
+    if not isinstance(payload, dict) or payload.get("thread_id") != thread_id:
+        return None
+    event_id = payload.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
+def shown_upto(message: dict[str, Any], thread_id: str) -> str | None:
+    """The id of the last event whose state a status message shows, from its metadata."""
+    if shown_event(message, thread_id) is None:
+        return None
+    upto = message["metadata"]["event_payload"].get("upto")
+    return upto if isinstance(upto, str) and upto else None
