@@ -89,7 +89,13 @@ async def start_runtime(settings: Settings, *, token: str, signing_secret: str) 
     owner = worker_id()
     approvers = sorted(settings.approvers.approvers)
     # Its own lease owner: delivery and the runner never end each other's lease.
-    delivery = Delivery(store, client, owner=f"{owner}/delivery", approvers=approvers)
+    delivery = Delivery(
+        store,
+        client,
+        owner=f"{owner}/delivery",
+        approvers=approvers,
+        lease_ttl=settings.runner.lease_ttl_s,
+    )
     runner = Runner(store, model, REGISTRY, settings.runner, owner=owner)
     worker = Worker(runner, interval=settings.sweep_seconds, after_run=delivery.deliver)
     bolt = build_app(
