@@ -53,13 +53,14 @@ from bot.blocks import (
 from bot.mrkdwn import escape, mention
 from bot.reviewers import ReviewerLookupError, Reviewers
 from engine.errors import ThreadNotFound
+from engine.events import utcnow
 from engine.inputs import (
     Accepted,
     Refused,
     cancel,
     decide_approval,
-    describe_closed_call,
     post_user_message,
+    why_not_decidable,
 )
 from engine.policy import ApproverPolicy
 from engine.store import Store, ThreadInfo
@@ -339,21 +340,14 @@ def _register(app: AsyncApp, d: _Deps) -> None:
             await ack()
             d.notify(client, clicked, INVALID_BUTTON)
             return
-        call = state.pending
-        if (
-            call is None
-            or call.tool_call_id != binding.tool_call_id
-            or call.phase != "awaiting_approval"
-        ):
-            why = await describe_closed_call(d.store, binding.thread_id, binding.tool_call_id)
-        elif call.arguments_hash != binding.arguments_hash:
-            why = "this card is out of date: the call's arguments differ"
-        else:
-            why = None
+        why = await why_not_decidable(
+            d.store, state, binding.tool_call_id, binding.arguments_hash, utcnow()
+        )
         if why is not None:
             await ack()
             d.notify(client, clicked, _refusal_text(why))
             return
+        call = state.pending
         assert call is not None
         try:
             reviewer_groups = await d.reviewer_groups(clicked.user)

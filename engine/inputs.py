@@ -134,7 +134,7 @@ async def decide_approval(
                 return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
             return Accepted(thread_id, seen, deduplicated=True)
         state = await store.load(thread_id)
-        why = await _why_not(store, state, tool_call_id, arguments_hash, now or utcnow())
+        why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now or utcnow())
         if why is None:
             why = policy.check(decision, reviewer, state.requester, groups)
         if why is not None:
@@ -161,9 +161,11 @@ async def decide_approval(
     return await _retrying(once)
 
 
-async def _why_not(
+async def why_not_decidable(
     store: Store, state: ThreadState, tool_call_id: str, args_hash: str | None, now: datetime
 ) -> str | None:
+    """None if ``tool_call_id`` (with these arguments) awaits a decision now; else why
+    not, e.g. "already approved by U123 at 12:03 UTC". The reviewer is not checked."""
     call = state.pending
     if call is not None and call.tool_call_id == tool_call_id and call.phase == "awaiting_approval":
         if args_hash is not None and args_hash != call.arguments_hash:
@@ -259,6 +261,8 @@ async def cancel(
     """Stop the thread: allowed to its requester and to approvers."""
 
     async def once() -> Accepted | Refused:
+        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
+            return Accepted(thread_id, seen, deduplicated=True)  # a redelivered click
         state = await store.load(thread_id)
         if state.status in ("new", "cancelled"):
             return Refused(thread_id, f"the thread is {state.status}")

@@ -55,12 +55,6 @@ class RunnerConfig:
     # the recent ones within half of it.
     context_budget_tokens: int = 60_000
 
-    @classmethod
-    def from_env(cls) -> RunnerConfig:
-        from engine.config import runner_config  # config builds on this module
-
-        return runner_config(os.environ)
-
     def backoff(self, attempt: int) -> float:
         """Exponential backoff for the retry after failed attempt ``attempt`` (1-based)."""
         return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
