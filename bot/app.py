@@ -27,7 +27,7 @@ import re
 import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
@@ -198,6 +198,29 @@ class _Deps:
         except Exception:  # stored already: the worker's sweep finds it anyway
             log.exception("kick %s failed", thread_id)
 
+    async def decide(
+        self,
+        binding: Binding,
+        reviewer: str,
+        decision: Literal["approve", "reject"],
+        groups: frozenset[str],
+        dedupe_key: str,
+        reason: str = "",
+    ) -> Accepted | Refused:
+        """``decision`` on exactly the call the card was made for."""
+        return await decide_approval(
+            self.store,
+            binding.thread_id,
+            tool_call_id=binding.tool_call_id,
+            reviewer=reviewer,
+            decision=decision,
+            policy=self.approvers,
+            reason=reason,
+            arguments_hash=binding.arguments_hash,
+            reviewer_groups=groups,
+            dedupe_key=dedupe_key,
+        )
+
     async def reviewer_groups(self, user: str) -> frozenset[str]:
         """The approver groups ``user`` is in; looked up only when that can matter."""
         if not self.approvers.groups or user in self.approvers.approvers:
@@ -308,16 +331,8 @@ def _register(app: AsyncApp, d: _Deps) -> None:
             d.notify(client, clicked, LOOKUP_FAILED)
             return
         try:
-            result = await decide_approval(
-                d.store,
-                binding.thread_id,
-                tool_call_id=binding.tool_call_id,
-                reviewer=clicked.user,
-                decision="approve",
-                policy=d.approvers,
-                arguments_hash=binding.arguments_hash,
-                reviewer_groups=reviewer_groups,
-                dedupe_key=f"click:{clicked.action_ts}",
+            result = await d.decide(
+                binding, clicked.user, "approve", reviewer_groups, f"click:{clicked.action_ts}"
             )
         except ThreadNotFound:
             await ack()
@@ -357,16 +372,8 @@ def _register(app: AsyncApp, d: _Deps) -> None:
             return
         if d.approvers.check("reject", clicked.user, state.requester, reviewer_groups):
             # Not theirs to decide: refused now (with its audit event), no modal.
-            result = await decide_approval(
-                d.store,
-                binding.thread_id,
-                tool_call_id=binding.tool_call_id,
-                reviewer=clicked.user,
-                decision="reject",
-                policy=d.approvers,
-                arguments_hash=binding.arguments_hash,
-                reviewer_groups=reviewer_groups,
-                dedupe_key=f"click:{clicked.action_ts}",
+            result = await d.decide(
+                binding, clicked.user, "reject", reviewer_groups, f"click:{clicked.action_ts}"
             )
             await ack()
             _answered(d, client, clicked, result)
@@ -397,17 +404,13 @@ def _register(app: AsyncApp, d: _Deps) -> None:
             await ack(response_action="errors", errors={REASON_BLOCK: _plain(LOOKUP_FAILED)})
             return
         try:
-            result = await decide_approval(
-                d.store,
-                binding.thread_id,
-                tool_call_id=binding.tool_call_id,
-                reviewer=user,
-                decision="reject",
-                policy=d.approvers,
+            result = await d.decide(
+                binding,
+                user,
+                "reject",
+                reviewer_groups,
+                f"view:{view.get('id', '')}",
                 reason=p.view_value(view, REASON_BLOCK, REASON_ACTION),
-                arguments_hash=binding.arguments_hash,
-                reviewer_groups=reviewer_groups,
-                dedupe_key=f"view:{view.get('id', '')}",
             )
         except ThreadNotFound:
             await ack(response_action="errors", errors={REASON_BLOCK: "This form is not valid."})

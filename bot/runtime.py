@@ -22,6 +22,7 @@ from bot.app import build_app, drain, handle_slack_request
 from bot.delivery import Delivery
 from bot.health import make_health_app
 from bot.hooks import add_hook_route
+from bot.loop_thread import LoopThread
 from bot.reviewers import Reviewers
 from engine.config import Settings
 from engine.events import utcnow
@@ -38,27 +39,21 @@ REDELIVER_WINDOW = timedelta(days=1)
 
 
 @dataclass
-class Runtime:
+class Background:
+    """What runs on the worker loop: its own store, Claude, the worker and delivery."""
+
     store: Store
     model: AnthropicModel
-    client: AsyncWebClient
     worker: Worker
     delivery: Delivery
-    bolt: AsyncApp
     catch_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start the worker (the scheduler's first sweep resumes what a dead process
-        left) and complete posts a crash cut off (each looks in Slack first)."""
         self.worker.start()
         since = utcnow() - REDELIVER_WINDOW
         self.catch_up = asyncio.create_task(self.delivery.deliver_recent(since))
 
-    async def close(self, grace: float = 20.0) -> None:
-        """Let running threads reach a boundary for up to ``grace`` s, then close.
-
-        A thread still running then is cancelled: its log is the truth, and the next
-        process resumes it."""
+    async def close(self, grace: float) -> None:
         if self.catch_up is not None:
             self.catch_up.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -68,7 +63,6 @@ class Runtime:
         except TimeoutError:
             log.warning("threads still running after %.0fs; left to resume", grace)
         await self.delivery.close()
-        await drain(self.bolt)  # ephemeral notes and the Home tab still in flight
         await self.model.close()
         with contextlib.suppress(Exception):
             from tools.builtin.tickets import dispose_ticket_engines
@@ -77,37 +71,97 @@ class Runtime:
         await self.store.close()
 
 
-async def start_runtime(settings: Settings, *, token: str, signing_secret: str) -> Runtime:
-    """Everything but the listening socket and the worker (``Runtime.start``); raises
-    ConfigError / StoreUnavailable before anything runs."""
-    modules = load_tools(settings.tools)
+@dataclass
+class Runtime:
+    """The serving side (``store``, ``client``, ``bolt`` on the caller's loop) and the
+    background (``background`` on ``thread``'s loop)."""
+
+    store: Store
+    client: AsyncWebClient
+    bolt: AsyncApp
+    thread: LoopThread
+    background: Background
+
+    def kick(self, thread_id: str) -> None:
+        """Wake the worker for ``thread_id`` (from any thread)."""
+        self.thread.call(self.background.worker.kick, thread_id)
+
+    def start(self) -> None:
+        """Start the worker (the scheduler's first sweep resumes what a dead process
+        left) and complete posts a crash cut off (each looks in Slack first)."""
+        self.thread.call(self.background.start)
+
+    async def close(self, grace: float = 20.0) -> None:
+        """Let running threads reach a boundary for up to ``grace`` s, then close.
+
+        A thread still running then is cancelled: its log is the truth, and the next
+        process resumes it."""
+        try:
+            await self.thread.run(self.background.close(grace))
+        finally:
+            await self.thread.stop()
+            await drain(self.bolt)  # ephemeral notes and the Home tab still in flight
+            await self.store.close()
+
+
+async def _background(settings: Settings, token: str, owner: str) -> Background:
+    """Built on the worker loop (``LoopThread.run``)."""
     model = AnthropicModel.from_env()
-    store = await Store.open(settings.database_url)
-    log.info("tools: %s (%d); model: %s", ",".join(modules), len(list(REGISTRY)), model.name)
-    log.info("database: %s", store.config.display())
-    client = AsyncWebClient(token=token, base_url=os.environ.get("SLACK_API_URL") or SLACK_API_URL)
-    owner = worker_id()
-    approvers = sorted(settings.approvers.approvers)
+    try:
+        store = await Store.open(settings.database_url)
+    except BaseException:
+        await model.close()
+        raise
+    client = AsyncWebClient(token=token, base_url=slack_api_url())
     # Its own lease owner: delivery and the runner never end each other's lease.
     delivery = Delivery(
         store,
         client,
         owner=f"{owner}/delivery",
-        approvers=approvers,
+        approvers=sorted(settings.approvers.approvers),
         lease_ttl=settings.runner.lease_ttl_s,
     )
     runner = Runner(store, model, REGISTRY, settings.runner, owner=owner)
     worker = Worker(runner, interval=settings.sweep_seconds, after_run=delivery.deliver)
-    bolt = build_app(
+    return Background(store, model, worker, delivery)
+
+
+def slack_api_url() -> str:
+    return os.environ.get("SLACK_API_URL") or SLACK_API_URL
+
+
+async def start_runtime(settings: Settings, *, token: str, signing_secret: str) -> Runtime:
+    """Everything but the listening socket and the worker (``Runtime.start``); raises
+    ConfigError / StoreUnavailable before anything runs."""
+    modules = load_tools(settings.tools)
+    thread = LoopThread()
+    try:
+        background = await thread.run(_background(settings, token, worker_id()))
+    except BaseException:
+        await thread.stop()
+        raise
+    try:
+        store = await Store.open(settings.database_url)
+    except BaseException:
+        await thread.run(background.close(1))
+        await thread.stop()
+        raise
+    log.info(
+        "tools: %s (%d); model: %s", ",".join(modules), len(list(REGISTRY)), background.model.name
+    )
+    log.info("database: %s", store.config.display())
+    client = AsyncWebClient(token=token, base_url=slack_api_url())
+    runtime = Runtime(store, client, None, thread, background)  # type: ignore[arg-type]
+    runtime.bolt = build_app(
         store=store,
         token=token,
         signing_secret=signing_secret,
         client=client,
         approvers=settings.approvers,
-        kick=worker.kick,
+        kick=runtime.kick,
         groups=Reviewers(client),
     )
-    return Runtime(store, model, client, worker, delivery, bolt)
+    return runtime
 
 
 def web_app(runtime: Runtime) -> web.Application:
@@ -118,7 +172,5 @@ def web_app(runtime: Runtime) -> web.Application:
         return await handle_slack_request(runtime.bolt, request)
 
     app.router.add_post("/slack/events", slack_events)
-    add_hook_route(
-        app, runtime.store, os.environ.get("OPSLOOP_WEBHOOK_SECRET"), runtime.worker.kick
-    )
+    add_hook_route(app, runtime.store, os.environ.get("OPSLOOP_WEBHOOK_SECRET"), runtime.kick)
     return app

@@ -107,8 +107,13 @@ def _sqlite_engine(config: DatabaseConfig) -> AsyncEngine:
     @sa.event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         # IMMEDIATE takes the write lock up front, so two processes never deadlock
-        # upgrading read locks (SQLITE_BUSY that no busy_timeout can wait out).
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # upgrading read locks (SQLITE_BUSY that no busy_timeout can wait out). A
+        # connection marked read-only never writes, so it reads a WAL snapshot with no
+        # lock and never waits for a writer.
+        if conn.get_execution_options().get("opsloop_read_only"):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

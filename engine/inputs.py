@@ -68,23 +68,20 @@ async def post_user_message(
 ) -> Accepted:
     """A person wrote in the thread at ``key`` (created if new). While the thread waits
     for a clarification, the message is the answer."""
-    thread_id = await store.create_thread(key)
 
-    async def once() -> Accepted:
-        state = await store.load(thread_id)
-        event: ev.Event
+    def build(state: ThreadState) -> ev.Event:
         if state.status == "awaiting_reply" and state.question is not None:
-            event = ev.ClarificationAnswered(
+            return ev.ClarificationAnswered(
                 actor=user,
                 tool_call_id=state.question.tool_call_id,
                 text=text,
                 dedupe_key=dedupe_key,
             )
-        else:
-            event = ev.UserMessage(
-                actor=user, text=text, source=source or {}, dedupe_key=dedupe_key
-            )
-        return await _append_one(store, thread_id, state, event)
+        return ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)
+
+    async def once() -> Accepted:
+        thread_id, done = await store.append_input(key, build, dedupe_key=dedupe_key)
+        return Accepted(thread_id, done.events[0], done.deduplicated)
 
     return await _retrying(once)
 

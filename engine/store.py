@@ -12,8 +12,10 @@ never a gap or a duplicate seq.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -93,6 +95,11 @@ class Store:
         # PostgreSQL only: plain asyncpg connections for the one-round-trip append; the
         # ORM pool's checkout and return alone cost more than the commit.
         self._fast: pg_fast.Connections | None = None
+        # SQLite has one writer at a time. Our writers queue here, in order, instead of
+        # in SQLite's busy handler, which sleeps up to 100 ms between tries; other
+        # processes still meet the busy timeout. Reads take no lock (WAL snapshots).
+        self._writes = asyncio.Lock() if config.dialect == "sqlite" else None
+        self._reader = engine.execution_options(opsloop_read_only=True)
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True, pool_size: int = 10) -> Store:
@@ -131,9 +138,19 @@ class Store:
         except (OperationalError, DBAPIError, OSError) as exc:
             raise self._unavailable(exc) from exc
 
+    @contextlib.asynccontextmanager
+    async def _begin(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (on SQLite, after this process's earlier writers)."""
+        if self._writes is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._writes, self.engine.begin() as conn:
+            yield conn
+
     async def ping(self) -> None:
         try:
-            async with self.engine.connect() as conn:
+            async with self._reader.connect() as conn:
                 await conn.execute(sa.text("SELECT 1"))
         except (OperationalError, DBAPIError, OSError) as exc:
             raise self._unavailable(exc) from exc
@@ -148,28 +165,31 @@ class Store:
     async def create_thread(self, key: ThreadKey, *, now: datetime | None = None) -> str:
         """The id of the thread at ``key``, creating it if new (idempotent, race-safe)."""
         now = now or utcnow()
-        async with self.engine.begin() as conn:
-            existing = await self._find_thread_txn(conn, key)
-            if existing is not None:
-                return existing
-            values = {
-                "id": new_thread_id(),
-                "team": key.team,
-                "channel": key.channel,
-                "root_ts": key.root_ts,
-                "status": "new",
-                "last_seq": 0,
-                "created_at": now,
-                "updated_at": now,
-            }
-            insert = self._insert(THREADS).values(**values).on_conflict_do_nothing()
-            await conn.execute(insert)
-            found = await self._find_thread_txn(conn, key)
-            assert found is not None
-            return found
+        async with self._begin() as conn:
+            return await self._create_thread_txn(conn, key, now)
+
+    async def _create_thread_txn(self, conn: AsyncConnection, key: ThreadKey, now: datetime) -> str:
+        existing = await self._find_thread_txn(conn, key)
+        if existing is not None:
+            return existing
+        values = {
+            "id": new_thread_id(),
+            "team": key.team,
+            "channel": key.channel,
+            "root_ts": key.root_ts,
+            "status": "new",
+            "last_seq": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        insert = self._insert(THREADS).values(**values).on_conflict_do_nothing()
+        await conn.execute(insert)
+        found = await self._find_thread_txn(conn, key)
+        assert found is not None
+        return found
 
     async def find_thread(self, key: ThreadKey) -> str | None:
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             return await self._find_thread_txn(conn, key)
 
     async def _find_thread_txn(self, conn: AsyncConnection, key: ThreadKey) -> str | None:
@@ -181,7 +201,7 @@ class Store:
         return (await conn.execute(query)).scalar_one_or_none()
 
     async def get_thread(self, thread_id: str) -> ThreadInfo:
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             row = (await conn.execute(THREADS.select().where(THREADS.c.id == thread_id))).first()
         if row is None:
             raise ThreadNotFound(f"no thread {thread_id!r}")
@@ -193,7 +213,7 @@ class Store:
             return await self.get_thread(ref)
         channel, _, ts = ref.partition("/")
         query = THREADS.select().where(THREADS.c.channel == channel, THREADS.c.root_ts == ts)
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             rows = (await conn.execute(query)).all()
         if not rows:
             raise ThreadNotFound(f"no thread {ref!r}")
@@ -206,7 +226,7 @@ class Store:
         query = THREADS.select().order_by(THREADS.c.updated_at.desc()).limit(limit)
         if status:
             query = query.where(THREADS.c.status == status)
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [ThreadInfo(**row._asdict()) for row in rows]
 
@@ -218,13 +238,13 @@ class Store:
             .where(EVENTS.c.thread_id == thread_id, EVENTS.c.seq > after)
             .order_by(EVENTS.c.seq)
         )
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [mapper.from_row(row) for row in rows]
 
     async def load(self, thread_id: str) -> ThreadState:
         """The thread's state: its latest snapshot plus the events after it."""
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             return await self._load_txn(conn, thread_id)
 
     async def _load_txn(self, conn: AsyncConnection, thread_id: str) -> ThreadState:
@@ -255,7 +275,7 @@ class Store:
         """The state, and the events a prompt needs: those after the latest compaction's
         ``upto_seq`` (its summary stands for the rest). One read: from the snapshot's
         compaction on, folding onto the snapshot what lies past it."""
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             snap = (
                 await conn.execute(
                     sa.select(SNAPSHOTS.c.seq, SNAPSHOTS.c.state).where(
@@ -281,7 +301,7 @@ class Store:
         return state, [e for e in events if e.seq > upto]
 
     async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             return await self._dedupe_txn(conn, thread_id, key)
 
     async def _dedupe_txn(self, conn: AsyncConnection, thread_id: str, key: str) -> AnyEvent | None:
@@ -318,7 +338,7 @@ class Store:
                 faults.hit("append")  # crash tests: die right after a commit
                 return Appended(events=stamped, state=new_state)
         try:
-            async with self.engine.begin() as conn:
+            async with self._begin() as conn:
                 for key in keys:
                     stored = await self._dedupe_txn(conn, thread_id, key)
                     if stored is not None:
@@ -327,16 +347,54 @@ class Store:
                     state = await self._load_txn(conn, thread_id)
                     if state.last_seq != expected_seq:
                         raise ConcurrencyConflict(thread_id, expected_seq)
-                stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
-                await self._move_thread_txn(conn, thread_id, expected_seq, new_state, now)
-                await conn.execute(EVENTS.insert(), [mapper.to_row(e) for e in stamped])
-                if new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY:
-                    await self._snapshot_txn(conn, new_state)
+                done = await self._write_txn(conn, thread_id, events, state, now)
         except IntegrityError as exc:
             # A unique index caught a writer our guarded UPDATE could not (first events
             # of a thread racing on SQLite, a dedupe key racing): the caller re-reads.
             raise ConcurrencyConflict(thread_id, expected_seq) from exc
         faults.hit("append")  # crash tests: die right after a commit
+        return done
+
+    async def append_input(
+        self,
+        key: ThreadKey,
+        build: Callable[[ThreadState], Event],
+        *,
+        dedupe_key: str | None = None,
+        now: datetime | None = None,
+    ) -> tuple[str, Appended]:
+        """Store the input ``build(state)`` in the thread at ``key`` (created if new), in
+        one transaction: what a front door does before it answers. An input whose
+        ``dedupe_key`` is stored already returns the stored event and writes nothing."""
+        now = now or utcnow()
+        thread_id, seq = "", 0
+        try:
+            async with self._begin() as conn:
+                thread_id = await self._create_thread_txn(conn, key, now)
+                if dedupe_key and (stored := await self._dedupe_txn(conn, thread_id, dedupe_key)):
+                    return thread_id, Appended(events=[stored], state=None, deduplicated=True)
+                state = await self._load_txn(conn, thread_id)
+                seq = state.last_seq
+                done = await self._write_txn(conn, thread_id, [build(state)], state, now)
+        except IntegrityError as exc:
+            raise ConcurrencyConflict(thread_id, seq) from exc
+        faults.hit("append")
+        return thread_id, done
+
+    async def _write_txn(
+        self,
+        conn: AsyncConnection,
+        thread_id: str,
+        events: Sequence[Event],
+        state: ThreadState,
+        now: datetime,
+    ) -> Appended:
+        expected_seq = state.last_seq
+        stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
+        await self._move_thread_txn(conn, thread_id, expected_seq, new_state, now)
+        await conn.execute(EVENTS.insert(), [mapper.to_row(e) for e in stamped])
+        if new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY:
+            await self._snapshot_txn(conn, new_state)
         return Appended(events=stamped, state=new_state)
 
     async def _append_pg(
@@ -420,7 +478,7 @@ class Store:
             .where(THREADS.c.id == thread_id, THREADS.c.last_seq == expected_seq)
             .values(wake_at=wake_at)
         )
-        async with self.engine.begin() as conn:
+        async with self._begin() as conn:
             return (await conn.execute(update)).rowcount == 1
 
     async def acquire_lease(
@@ -464,7 +522,7 @@ class Store:
     async def _update(self, update: sa.Update, pg_sql: str, *args: Any) -> int:
         """Run a one-statement write: on PostgreSQL as ``pg_sql`` in one round trip."""
         if self._fast is None:
-            async with self.engine.begin() as conn:
+            async with self._begin() as conn:
                 return (await conn.execute(update)).rowcount
         try:
             return pg_fast.rows_of(await self._fast.execute(pg_sql, *args))
@@ -482,7 +540,7 @@ class Store:
             .order_by(THREADS.c.updated_at)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with self._reader.connect() as conn:
             return list((await conn.execute(query)).scalars())
 
 

@@ -4,23 +4,38 @@ process finds the post by its metadata and never posts it twice."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.bot.test_cli import KEY, ROOT, SECRETS, _free_port, _post, fakes_in_a_thread
+from bot.blocks import APPROVE_ACTION
+from tests.bot.test_cli import KEY, ROOT, SECRETS, _free_port, _http, _post, fakes_in_a_thread
+from tests.fakes.slack import BOT_USER_ID, app_mention_event, block_actions_payload, signed
 
 pytestmark = pytest.mark.slow
 
 
-def serve(db: str, claude_url: str, slack_url: str, faults: str | None) -> subprocess.Popen:
+def serve(
+    db: str,
+    claude_url: str,
+    slack_url: str,
+    faults: str | None,
+    *,
+    port: int | None = None,
+    **extra: str,
+) -> subprocess.Popen:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -33,9 +48,10 @@ def serve(db: str, claude_url: str, slack_url: str, faults: str | None) -> subpr
         ANTHROPIC_BASE_URL=claude_url,
         SLACK_API_URL=slack_url,
         OPSLOOP_HOST="127.0.0.1",
-        PORT=str(_free_port()),
+        PORT=str(port or _free_port()),
         OPSLOOP_SWEEP_SECONDS="0.2",
         OPSLOOP_LEASE_SECONDS="2",  # how long the dead process keeps the thread
+        **extra,
     )
     if faults:
         env["OPSLOOP_FAULTS"] = faults
@@ -92,3 +108,114 @@ def test_a_kill_after_slack_answered_a_post_does_not_post_it_twice(tmp_path: Pat
     counts = shown_event_ids(slack)
     assert counts and set(counts.values()) == {1}, counts  # every event posted once
     assert slack.calls_to("conversations.replies")  # the second process looked first
+
+
+def test_a_card_posted_before_a_kill_is_approved_after_the_restart(tmp_path: Path) -> None:
+    """Mention → approval card → SIGKILL → a new process → the reviewer clicks Approve on
+    the card the dead process posted: the ticket is filed once and the answer arrives."""
+    db = f"sqlite:///{tmp_path / 'serve.db'}"
+    tickets = f"sqlite:///{tmp_path / 'tickets.db'}"
+    channel, root = "C0DEPLOYS", "1700000500.000100"
+    with fakes_in_a_thread() as (claude, slack):
+        claude.tool_use("create_ticket", {"title": "Flaky deploys"}, text="Filing it.")
+        claude.text("Filed the ticket.")
+        text = f"<@{BOT_USER_ID}> file a ticket"
+        slack.add_message(channel, text, user="U_ALICE", ts=root)
+
+        port = _free_port()
+        first = serve(db, claude.url, slack.url, None, port=port, OPSLOOP_TICKETS_URL=tickets)
+        try:
+            _wait_healthy(first, port)
+            mention = app_mention_event(user="U_ALICE", text=text, channel=channel, ts=root)
+            assert _send(port, mention) == 200
+            card = _wait_call(slack, first, lambda c: APPROVE_ACTION in str(c.params))
+        finally:
+            first.kill()  # SIGKILL: the card is out, the thread awaits approval
+            first.communicate()
+
+        port = _free_port()
+        second = serve(db, claude.url, slack.url, None, port=port, OPSLOOP_TICKETS_URL=tickets)
+        try:
+            _wait_healthy(second, port)
+            blocks = card.params["blocks"]
+            blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+            value = next(
+                e["value"]
+                for b in blocks
+                if b["type"] == "actions"
+                for e in b["elements"]
+                if e["action_id"] == APPROVE_ACTION
+            )
+            card_ts = next(
+                m["ts"] for m in slack.thread(channel, root) if m.get("blocks") == blocks
+            )
+            click = block_actions_payload(
+                user="U_BOB",
+                action_id=APPROVE_ACTION,
+                value=value,
+                channel=channel,
+                message_ts=card_ts,
+                thread_ts=root,
+            )
+            assert _send(port, click) == 200
+            assert _send(port, click) == 200  # a double click changes nothing
+            _wait_call(slack, second, lambda c: "Filed the ticket." in str(c.params))
+            _wait_call(
+                slack, second, lambda c: c.method == "chat.update" and "U_BOB" in str(c.params)
+            )
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=30)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.communicate()
+        claude.assert_clean()
+    answers = [
+        c for c in slack.calls_to("chat.postMessage") if "Filed the ticket." in str(c.params)
+    ]
+    assert len(answers) == 1
+    assert asyncio.run(_ticket_titles(tickets)) == ["Flaky deploys"]  # filed once
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        with contextlib.suppress(OSError):
+            if _http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError("serve never became healthy")
+
+
+def _send(port: int, payload: dict) -> int:
+    body, headers = signed(payload, SECRETS["SLACK_SIGNING_SECRET"])
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/slack/events", data=body, headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _wait_call(slack, proc: subprocess.Popen, match, within: float = 60):
+    deadline = time.monotonic() + within
+    while True:
+        found = [c for c in list(slack.calls) if match(c)]
+        if found:
+            return found[0]
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "never seen in Slack"
+        time.sleep(0.1)
+
+
+async def _ticket_titles(url: str) -> list[str]:
+    engine = create_async_engine(url.replace("sqlite://", "sqlite+aiosqlite://"))
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(sa.text("SELECT title FROM tickets"))
+            return [r.title for r in rows]
+    finally:
+        await engine.dispose()

@@ -1,0 +1,59 @@
+"""An event loop of its own, in a thread, for the work that must never delay an ack.
+
+Slack gives an answer 3 seconds, and each answer waits for one short transaction; a
+burst of mentions starts as many runs (model calls, tools, posts). On one event loop
+those runs queue ahead of the next request's callbacks. The worker and delivery
+therefore run on this loop, with their own store and clients (asyncio objects belong
+to the loop that made them), and the serving loop only stores inputs and kicks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger("opsloop.loop")
+
+
+class LoopThread:
+    def __init__(self, name: str = "opsloop-worker") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            # Whatever ``run`` left behind is cancelled and awaited before the loop
+            # closes, so no connection is left to be finalised by a dead loop.
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    async def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` on this loop; await its result from another loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
+
+    def call(self, fn: Callable[..., object], *args: object) -> None:
+        """Call ``fn(*args)`` on this loop soon (thread-safe, returns at once)."""
+        with contextlib.suppress(RuntimeError):  # the loop has stopped: shutting down
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for its thread (after ``run``'s work is done)."""
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            await asyncio.to_thread(self._thread.join)
