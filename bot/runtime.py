@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,6 +28,7 @@ from bot.reviewers import Reviewers
 from engine.config import Settings
 from engine.events import utcnow
 from engine.models.anthropic import AnthropicModel
+from engine.models.base import Model
 from engine.runner import Runner, worker_id
 from engine.scheduler import Worker
 from engine.store import Store
@@ -43,7 +45,7 @@ class Background:
     """What runs on the worker loop: its own store, Claude, the worker and delivery."""
 
     store: Store
-    model: AnthropicModel
+    model: Model
     worker: Worker
     delivery: Delivery
     catch_up: asyncio.Task[None] | None = None
@@ -63,7 +65,9 @@ class Background:
         except TimeoutError:
             log.warning("threads still running after %.0fs; left to resume", grace)
         await self.delivery.close()
-        await self.model.close()
+        close_model = getattr(self.model, "close", None)
+        if close_model is not None:
+            await close_model()
         with contextlib.suppress(Exception):
             from tools.builtin.tickets import dispose_ticket_engines
 
@@ -104,13 +108,17 @@ class Runtime:
             await self.store.close()
 
 
-async def _background(settings: Settings, token: str, owner: str) -> Background:
-    """Built on the worker loop (``LoopThread.run``)."""
-    model = AnthropicModel.from_env()
+async def _background(
+    settings: Settings, token: str, owner: str, make_model: Callable[[], Model] | None
+) -> Background:
+    """Built on the worker loop (``LoopThread.run``): its clients belong to that loop."""
+    model = make_model() if make_model is not None else AnthropicModel.from_env()
     try:
         store = await Store.open(settings.database_url)
     except BaseException:
-        await model.close()
+        close_model = getattr(model, "close", None)
+        if close_model is not None:
+            await close_model()
         raise
     client = AsyncWebClient(token=token, base_url=slack_api_url())
     # Its own lease owner: delivery and the runner never end each other's lease.
@@ -130,13 +138,20 @@ def slack_api_url() -> str:
     return os.environ.get("SLACK_API_URL") or SLACK_API_URL
 
 
-async def start_runtime(settings: Settings, *, token: str, signing_secret: str) -> Runtime:
+async def start_runtime(
+    settings: Settings,
+    *,
+    token: str,
+    signing_secret: str,
+    make_model: Callable[[], Model] | None = None,
+) -> Runtime:
     """Everything but the listening socket and the worker (``Runtime.start``); raises
-    ConfigError / StoreUnavailable before anything runs."""
+    ConfigError / StoreUnavailable before anything runs. ``make_model`` (called on the
+    worker loop) replaces Claude from the environment (``opsloop local``'s offline model)."""
     modules = load_tools(settings.tools)
     thread = LoopThread()
     try:
-        background = await thread.run(_background(settings, token, worker_id()))
+        background = await thread.run(_background(settings, token, worker_id(), make_model))
     except BaseException:
         await thread.stop()
         raise

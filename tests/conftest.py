@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import os
 import socket
+import threading
 import uuid
 from collections.abc import AsyncIterator
 
@@ -84,3 +87,25 @@ async def store(db_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collect what the run left for the garbage collector while an open loop is current.
+
+    An aiosqlite connection finalised after the last test's loop closed posts its
+    close to that dead loop from its worker thread, which then raises (seen once in CI,
+    not reproduced: every test's own connections were found closed). Here such a
+    finaliser posts to a live loop, and its thread is waited for.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        gc.collect()
+        loop.run_until_complete(asyncio.sleep(0))
+        for thread in threading.enumerate():
+            if "_connection_worker_thread" in thread.name:
+                thread.join(timeout=2)
+                loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
