@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -57,3 +57,54 @@ class LoopThread:
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self.loop.stop)
             await asyncio.to_thread(self._thread.join)
+
+
+class AnswersFirst:
+    """Answers to Slack before background runs.
+
+    The serving loop counts the requests it is answering (``answering``); the worker
+    awaits ``quiet`` on its loop before each run. A burst of mentions thus gets its
+    acknowledgements out first (each has a 3 s deadline) and the runs it started follow;
+    ``max_defer_s`` bounds the wait, so a steady stream of requests never starves them.
+    """
+
+    def __init__(self, thread: LoopThread, max_defer_s: float = 2.0) -> None:
+        self._thread = thread
+        self.max_defer_s = max_defer_s
+        self.in_flight = 0
+        self._quiet: asyncio.Event | None = None  # lives on the worker loop
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one request, on the serving loop."""
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self._thread.call(self._update)
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._thread.call(self._update)
+
+    def _event(self) -> asyncio.Event:
+        if self._quiet is None:
+            self._quiet = asyncio.Event()
+            self._update()
+        return self._quiet
+
+    def _update(self) -> None:
+        # Reads the count now: calls may arrive late, but the last one is right.
+        event = self._event()
+        if self.in_flight:
+            event.clear()
+        else:
+            event.set()
+
+    async def quiet(self) -> None:
+        """Return once no request is being answered, or after ``max_defer_s``."""
+        event = self._event()
+        if event.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), self.max_defer_s)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,7 +24,7 @@ from bot.app import build_app, drain, handle_slack_request
 from bot.delivery import Delivery
 from bot.health import make_health_app
 from bot.hooks import add_hook_route
-from bot.loop_thread import LoopThread
+from bot.loop_thread import AnswersFirst, LoopThread
 from bot.reviewers import Reviewers
 from engine.config import Settings
 from engine.events import utcnow
@@ -85,6 +86,7 @@ class Runtime:
     bolt: AsyncApp
     thread: LoopThread
     background: Background
+    priority: AnswersFirst
 
     def kick(self, thread_id: str) -> None:
         """Wake the worker for ``thread_id`` (from any thread)."""
@@ -109,7 +111,11 @@ class Runtime:
 
 
 async def _background(
-    settings: Settings, token: str, owner: str, make_model: Callable[[], Model] | None
+    settings: Settings,
+    token: str,
+    owner: str,
+    make_model: Callable[[], Model] | None,
+    priority: AnswersFirst,
 ) -> Background:
     """Built on the worker loop (``LoopThread.run``): its clients belong to that loop."""
     model = make_model() if make_model is not None else AnthropicModel.from_env()
@@ -130,7 +136,12 @@ async def _background(
         lease_ttl=settings.runner.lease_ttl_s,
     )
     runner = Runner(store, model, REGISTRY, settings.runner, owner=owner)
-    worker = Worker(runner, interval=settings.sweep_seconds, after_run=delivery.deliver)
+    worker = Worker(
+        runner,
+        interval=settings.sweep_seconds,
+        after_run=delivery.deliver,
+        gate=priority.quiet,
+    )
     return Background(store, model, worker, delivery)
 
 
@@ -149,9 +160,15 @@ async def start_runtime(
     ConfigError / StoreUnavailable before anything runs. ``make_model`` (called on the
     worker loop) replaces Claude from the environment (``opsloop local``'s offline model)."""
     modules = load_tools(settings.tools)
+    # The serving thread gets the interpreter within 1 ms of wanting it (default 5 ms)
+    # while the worker thread computes: an ack is a dozen such hand-overs.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     thread = LoopThread()
+    priority = AnswersFirst(thread)
     try:
-        background = await thread.run(_background(settings, token, worker_id(), make_model))
+        background = await thread.run(
+            _background(settings, token, worker_id(), make_model, priority)
+        )
     except BaseException:
         await thread.stop()
         raise
@@ -166,7 +183,7 @@ async def start_runtime(
     )
     log.info("database: %s", store.config.display())
     client = AsyncWebClient(token=token, base_url=slack_api_url())
-    runtime = Runtime(store, client, None, thread, background)  # type: ignore[arg-type]
+    runtime = Runtime(store, client, None, thread, background, priority)  # type: ignore[arg-type]
     runtime.bolt = build_app(
         store=store,
         token=token,
@@ -184,7 +201,8 @@ def web_app(runtime: Runtime) -> web.Application:
     app = make_health_app(runtime.store)
 
     async def slack_events(request: web.Request) -> web.Response:
-        return await handle_slack_request(runtime.bolt, request)
+        with runtime.priority.answering():
+            return await handle_slack_request(runtime.bolt, request)
 
     app.router.add_post("/slack/events", slack_events)
     add_hook_route(app, runtime.store, os.environ.get("OPSLOOP_WEBHOOK_SECRET"), runtime.kick)

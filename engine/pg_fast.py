@@ -5,8 +5,8 @@ The guarded UPDATE of the thread row and the INSERT of the events run as one sta
 in autocommit: one round trip and one commit, instead of BEGIN, UPDATE, INSERT, COMMIT
 through the ORM layer. Semantics are those of ``Store.insert_events``: if another writer
 moved the thread first, the UPDATE matches no row, nothing is inserted, and the caller
-gets a conflict. Used only when the caller holds the state at ``expected_seq`` and the
-events carry no dedupe key (inputs take the general path).
+gets a conflict. Used when the caller holds the state at ``expected_seq``; an input whose
+dedupe key is stored already fails on the unique index, and nothing is written.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ WITH moved AS (
     WHERE id = $6 AND last_seq = $7
     RETURNING id
 )
-INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload)
-SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $5, e.payload
+INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
+SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $5, e.payload, e.dedupe_key
 FROM moved,
-     unnest($8::int[], $9::text[], $10::text[], $11::text[], $12::text[])
-         AS e(seq, event_id, type, actor, payload)
+     unnest($8::int[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+         AS e(seq, event_id, type, actor, payload, dedupe_key)
 """
 
 
@@ -125,6 +125,7 @@ async def append(
         [r["type"] for r in rows],
         [r["actor"] for r in rows],
         [r["payload"] for r in rows],
+        [r["dedupe_key"] for r in rows],
     )
     return bool(status == f"INSERT 0 {len(rows)}")
 

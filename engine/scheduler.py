@@ -41,9 +41,13 @@ class Dispatcher:
         *,
         max_concurrency: int = 16,
         on_rest: Callable[[str], Awaitable[None]] | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._run = run
         self._on_rest = on_rest
+        # Awaited before each run: lets the front door defer background work while it
+        # has answers to give (they have a deadline; runs do not).
+        self._gate = gate
         self._limit = asyncio.Semaphore(max_concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
@@ -74,6 +78,8 @@ class Dispatcher:
         try:
             while True:
                 self._again.discard(thread_id)
+                if self._gate is not None:
+                    await self._gate()
                 async with self._limit:
                     try:
                         await self._run(thread_id)
@@ -196,12 +202,16 @@ class Worker:
         interval: float = 1.0,
         max_concurrency: int = 16,
         after_run: Callable[[str], Awaitable[object]] | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.runner = runner
         # What the front door does once a thread rests (Slack: show what happened).
         self.after_run = after_run
         self.dispatcher = Dispatcher(
-            self._run_until_settled, max_concurrency=max_concurrency, on_rest=self._rest
+            self._run_until_settled,
+            max_concurrency=max_concurrency,
+            on_rest=self._rest,
+            gate=gate,
         )
         self.scheduler = Scheduler(
             runner.store, self.dispatcher, interval=interval, clock=runner.clock

@@ -330,11 +330,17 @@ class Store:
         """
         now = now or utcnow()
         keys = [e.dedupe_key for e in events if e.dedupe_key]
-        if state is not None and state.last_seq == expected_seq and not keys:
+        if state is not None and state.last_seq == expected_seq:
             stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
             crosses = new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY
             if self._fast is not None and not crosses:
-                await self._append_pg(thread_id, expected_seq, stamped, new_state, now)
+                try:
+                    await self._append_pg(thread_id, expected_seq, stamped, new_state, now)
+                except ConcurrencyConflict:
+                    for key in keys:  # the unique index met an input stored already
+                        if (stored := await self.find_by_dedupe_key(thread_id, key)) is not None:
+                            return Appended(events=[stored], state=None, deduplicated=True)
+                    raise
                 faults.hit("append")  # crash tests: die right after a commit
                 return Appended(events=stamped, state=new_state)
         try:
@@ -363,22 +369,26 @@ class Store:
         dedupe_key: str | None = None,
         now: datetime | None = None,
     ) -> tuple[str, Appended]:
-        """Store the input ``build(state)`` in the thread at ``key`` (created if new), in
-        one transaction: what a front door does before it answers. An input whose
-        ``dedupe_key`` is stored already returns the stored event and writes nothing."""
+        """Store the input ``build(state)`` in the thread at ``key`` (created if new): what
+        a front door does before it answers. An input whose ``dedupe_key`` is stored
+        already returns the stored event and writes nothing.
+
+        The reads come first, outside any write lock; the write is the guarded append,
+        so a writer that moved the thread meanwhile makes it ``ConcurrencyConflict``
+        (the caller reads again) and a racing duplicate meets the unique index.
+        """
         now = now or utcnow()
-        thread_id, seq = "", 0
-        try:
-            async with self._begin() as conn:
-                thread_id = await self._create_thread_txn(conn, key, now)
+        async with self._reader.connect() as conn:
+            thread_id = await self._find_thread_txn(conn, key)
+            if thread_id is not None:
                 if dedupe_key and (stored := await self._dedupe_txn(conn, thread_id, dedupe_key)):
                     return thread_id, Appended(events=[stored], state=None, deduplicated=True)
                 state = await self._load_txn(conn, thread_id)
-                seq = state.last_seq
-                done = await self._write_txn(conn, thread_id, [build(state)], state, now)
-        except IntegrityError as exc:
-            raise ConcurrencyConflict(thread_id, seq) from exc
-        faults.hit("append")
+        if thread_id is None:
+            thread_id = await self.create_thread(key, now=now)
+            state = await self.load(thread_id)
+        event = build(state)
+        done = await self.insert_events(thread_id, [event], state.last_seq, state=state, now=now)
         return thread_id, done
 
     async def _write_txn(
