@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,11 +115,18 @@ async def test_unreachable_database_is_retryable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path}/missing/dir/t.db")
+    before = set(threading.enumerate())
     try:
         with pytest.raises(RetryableToolError, match="ticket database unavailable"):
             await create_ticket(CreateTicketArgs(title="x"), ctx("k"))
     finally:
         await dispose_ticket_engines()
+    # aiosqlite stops a connection that failed to open without awaiting it: its worker
+    # thread must post its last callback while this test's loop is open, or it raises
+    # "Event loop is closed" later (the CI failure of session 1).
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+    await asyncio.sleep(0)
 
 
 def test_url_selection(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,417 @@
+"""An offline model that understands a few phrases: ``opsloop local`` without Claude.
+
+Stateless like ``ScriptedModel``: each step is chosen from the prompt alone (the latest
+thing a person said, and the tool calls and results after it), so a process that
+restarts mid-thread carries on from the right place. Its phrases walk every path of
+the product: a lookup, an approval, a clarification, a wait, a retry and an answer.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from engine.context import Prompt
+from engine.events import CLARIFICATION_TOOL, Usage
+from engine.models.base import Decision, ToolUse
+
+PHRASEBOOK: list[tuple[str, str]] = [
+    ("look up rollback", "searches the docs (search_docs, runs at once) and sums up the hits"),
+    ("deploy api to staging", "deploys after a reviewer approves the card (deploy)"),
+    ("deploy api version 1.4.2 to production", "the same, with a version and an environment"),
+    ("deploy", "asks which service first, then deploys the one you name in your reply"),
+    ("run the backfill job for 20 seconds", "starts a job and waits until it is done (run_job)"),
+    ("check health of api", "fails once, is retried by the engine, then reports (check_health)"),
+    ("help", "lists these phrases"),
+]
+
+# Which module registers each tool, for the answer when one is not loaded.
+TOOL_MODULES = {
+    "search_docs": "tools.builtin",
+    "deploy": "tools.demo",
+    "run_job": "tools.demo",
+    "check_health": "tools.demo",
+}
+
+_I = re.IGNORECASE
+_MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
+_POLITE = re.compile(r"^(?:please|pls|can you|could you|would you)\s+|\s+please$", _I)
+# How the projection shows what a person said: "[U123] text" (system notes are skipped).
+_SPEAKER = re.compile(r"^\[(?P<actor>[^\]\s]+)\] ?(?P<body>.*)$", re.DOTALL)
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+_HELP = re.compile(r"^(?:help|hi|hello|hey|\?|what can you do)$", _I)
+_LOOKUP = re.compile(
+    r"^(?:look\s*up|search\s+(?:the\s+)?docs?\s+(?:for|about)|search\s+for|search"
+    r"|find\s+docs?\s+(?:on|about|for)|docs?\s+(?:on|about|for))\s+(?P<query>.+)$",
+    _I,
+)
+_DEPLOY = re.compile(r"^(?:deploy|ship)\b(?P<rest>.*)$", _I | re.DOTALL)
+_ENV = re.compile(r"\b(?:to|in|on|into)\s+(?:the\s+)?(?P<env>[\w-]+)(?:\s+env(?:ironment)?)?\b", _I)
+_VERSION = re.compile(
+    r"(?:\bversion\s+|\bv|@)(?P<v>\d[\w.+-]*)|\b(?P<bare>\d+(?:\.\d+)+[\w.+-]*)", _I
+)
+_ENVS = {
+    "staging": "staging",
+    "stage": "staging",
+    "stg": "staging",
+    "production": "production",
+    "prod": "production",
+    "prd": "production",
+}
+_NOT_A_SERVICE = {"the", "a", "an", "service", "app", "version", "now", "please", "to", "of"}
+_JOB = re.compile(
+    rf"^run\s+(?:the\s+|a\s+)?(?:job\s+)?(?P<name>{_NAME})(?:\s+job)?"
+    r"(?:\s+for\s+(?P<n>\d+)\s*(?P<unit>s|secs?|seconds?|m|mins?|minutes?)?)?$",
+    _I,
+)
+_HEALTH = [
+    re.compile(
+        rf"^(?:check\s+)?(?:the\s+)?health\s+(?:of|for|on)\s+(?:the\s+)?(?P<s>{_NAME})$", _I
+    ),
+    re.compile(rf"^(?:check\s+)?(?:the\s+)?(?P<s>{_NAME})(?:'s)?\s+health(?:\s*check)?$", _I),
+    re.compile(rf"^health\s*check\s+(?:of\s+)?(?P<s>{_NAME})$", _I),
+    re.compile(rf"^is\s+(?:the\s+)?(?P<s>{_NAME})\s+(?:healthy|up|ok|alive)$", _I),
+]
+_NEVER_MIND = re.compile(r"^(?:no|nope|cancel|never\s*mind|stop|abort|forget it)\b", _I)
+DEFAULT_JOB_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A tool_use after the request, with the text of its tool_result once answered."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    result: str | None = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What to do next: a final ``text``, or ``tool(input)`` with ``text`` beside it."""
+
+    text: str
+    tool: str | None = None
+    input: dict[str, Any] | None = None
+    understood: bool = True
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What the prompt says: the latest ``request`` of a person, the ``calls`` made for
+    it, and a result nobody has reported yet because people spoke right after it."""
+
+    request: str = ""
+    calls: tuple[_Call, ...] = ()
+    unreported: tuple[str, _Call] | None = None
+
+
+class PhrasebookModel:
+    """The offline model: a few phrases (``PHRASEBOOK``), decided from the prompt only."""
+
+    name = "offline phrasebook"
+
+    async def next_step(self, prompt: Prompt) -> Decision:
+        step = _next(_read(prompt.messages), {t.get("name") for t in prompt.tools})
+        if step.tool is None:
+            return Decision(text=step.text, stop_reason="end_turn", usage=Usage(), model=self.name)
+        turn = prompt.turn if prompt.turn >= 0 else _assistant_turns(prompt)
+        # The id makes the idempotency key, so it must be the same on a replay and new
+        # for each decision of the thread: the decision count gives both.
+        use = ToolUse(id=f"toolu_offline_{turn:04d}", name=step.tool, input=step.input or {})
+        return Decision(
+            text=step.text, tool_use=use, stop_reason="tool_use", usage=Usage(), model=self.name
+        )
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def _read(messages: list[dict[str, Any]]) -> _Reading:
+    """Walk the conversation once, keeping what the next step depends on."""
+    request, calls = "", ()
+    unreported: tuple[str, _Call] | None = None
+    for message in messages:
+        if message.get("role") == "assistant":
+            unreported = None  # the model has spoken since any earlier result
+        for block in message.get("content") or []:
+            kind = block.get("type")
+            if message.get("role") == "user" and kind == "text":
+                said = _person_said(block.get("text", ""))
+                if said is not None:
+                    request, calls = said, ()
+            elif kind == "tool_use":
+                calls = (*calls, _Call(block["id"], block["name"], dict(block.get("input") or {})))
+            elif kind == "tool_result":
+                calls = tuple(_answered(c, block) for c in calls)
+                done = [c for c in calls if c.id == block.get("tool_use_id")]
+                unreported = (request, done[0]) if done else unreported
+    return _Reading(request, calls, unreported)
+
+
+def _answered(call: _Call, block: dict[str, Any]) -> _Call:
+    if call.id != block.get("tool_use_id"):
+        return call
+    return _Call(call.id, call.name, call.input, _text_of(block), bool(block.get("is_error")))
+
+
+def _next(reading: _Reading, tools: set[str | None]) -> _Step:
+    if reading.calls:
+        return _follow_up(reading.request, reading.calls[-1], tools)
+    step = _start(reading.request, tools)
+    if reading.unreported is None:
+        return step
+    # Someone spoke while a call ran (or right after): report its result first.
+    report = _follow_up(*reading.unreported, tools)
+    if report.tool is not None:
+        return report  # the earlier request is not done yet (a reply led to a deploy)
+    if not step.understood:
+        short = _cut(_clean(reading.request), 80)
+        return _Step(f"{report.text}\n(I didn't catch “{short}”; say `help` for what I know.)")
+    return _Step(f"{report.text}\n\n{step.text}".strip(), step.tool, step.input)
+
+
+def _person_said(text: str) -> str | None:
+    match = _SPEAKER.match(text)
+    if match is None:
+        return None if text.startswith("[") else text  # a summary or a note: not a request
+    return None if match["actor"] == "system" else match["body"]
+
+
+def _text_of(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return str(content or "")
+
+
+def _assistant_turns(prompt: Prompt) -> int:
+    return sum(1 for m in prompt.messages if m.get("role") == "assistant")
+
+
+def _clean(text: str) -> str:
+    """Without the bot's mention, politeness and end punctuation; spaces collapsed."""
+    text = " ".join(_MENTION.sub(" ", text).split()).strip(" .!")
+    return _POLITE.sub("", text).strip()
+
+
+# --- the first step of a request --------------------------------------------------------
+
+
+def _start(request: str, tools: set[str | None]) -> _Step:
+    text = _clean(request)
+    if not text or _HELP.match(text):
+        return _Step(help_text())
+    if m := _LOOKUP.match(text):
+        query = m["query"].strip(" ?\"'“”")
+        return _use(tools, "search_docs", {"query": query}, f"Searching the docs for “{query}”.")
+    if m := _DEPLOY.match(text):
+        return _deploy_step(_parse_deploy(m["rest"]), tools)
+    if m := _JOB.match(text):
+        return _job_step(m, tools)
+    for pattern in _HEALTH:
+        m = pattern.match(text.rstrip("?"))
+        if m and m["s"].lower() not in ("check", "health"):
+            service = m["s"].lower()
+            return _use(tools, "check_health", {"service": service}, f"Checking {service}.")
+    return _Step(f"I didn't catch “{_cut(text, 80)}”.\n" + help_text(), understood=False)
+
+
+def help_text() -> str:
+    lines = [f"• `{phrase}`: {what}" for phrase, what in PHRASEBOOK]
+    head = "I'm the offline phrasebook (no ANTHROPIC_API_KEY is set), so I know these phrases:"
+    return "\n".join([head, *lines])
+
+
+def _use(tools: set[str | None], tool: str, args: dict[str, Any], text: str) -> _Step:
+    if tool not in tools:
+        module = TOOL_MODULES.get(tool, "the module that defines it")
+        return _Step(
+            f"I'd use the `{tool}` tool for that, but it isn't loaded here. Add `{module}` "
+            "to OPSLOOP_TOOLS (for example OPSLOOP_TOOLS=tools.builtin,tools.demo) and restart."
+        )
+    return _Step(text, tool, args)
+
+
+@dataclass(frozen=True)
+class _DeployRequest:
+    service: str | None = None
+    version: str | None = None
+    environment: str | None = None
+    unknown_environment: str | None = None
+
+
+def _parse_deploy(rest: str) -> _DeployRequest:
+    """``api version 1.4.2 to prod`` -> service, version and environment, as far as given."""
+    env = unknown = None
+    if m := _ENV.search(rest):
+        word = m["env"].lower()
+        env = _ENVS.get(word)
+        unknown = None if env else word
+        rest = rest[: m.start()] + " " + rest[m.end() :]
+    version = None
+    if m := _VERSION.search(rest):
+        version = (m["v"] or m["bare"]).rstrip(".")
+        rest = rest[: m.start()] + " " + rest[m.end() :]
+    words = [w.lower() for w in re.findall(_NAME, rest) if w.lower() not in _NOT_A_SERVICE]
+    return _DeployRequest(words[0] if words else None, version, env, unknown)
+
+
+def _deploy_step(req: _DeployRequest, tools: set[str | None]) -> _Step:
+    if req.unknown_environment:
+        return _Step(
+            f"I can deploy to staging or production, not “{req.unknown_environment}”. "
+            "Try `deploy api to staging`."
+        )
+    if req.service is None:
+        if "deploy" not in tools:  # no point asking for a service we cannot deploy
+            return _use(tools, "deploy", {}, "")
+        question = "Which service should I deploy? Reply in this thread with its name, e.g. `api`."
+        return _Step("", CLARIFICATION_TOOL, {"question": question})
+    env = req.environment or "staging"
+    args: dict[str, Any] = {"service": req.service, "environment": env}
+    if req.version:
+        args["version"] = req.version
+    what = f"{req.service} {req.version}" if req.version else req.service
+    return _use(tools, "deploy", args, f"Deploying {what} to {env}, once a reviewer approves.")
+
+
+def _job_step(m: re.Match[str], tools: set[str | None]) -> _Step:
+    seconds = int(m["n"]) if m["n"] else DEFAULT_JOB_SECONDS
+    if (m["unit"] or "s").lower().startswith("m"):
+        seconds *= 60
+    if not 1 <= seconds <= 600:
+        return _Step(
+            "A demo job runs for 1 to 600 seconds: try `run the backfill job for 20 seconds`."
+        )
+    name = m["name"]
+    text = f"Starting job {name} for {seconds} s; I'll report back when it is done."
+    return _use(tools, "run_job", {"name": name, "seconds": seconds}, text)
+
+
+# --- after a tool call ------------------------------------------------------------------
+
+
+def _follow_up(request: str, last: _Call, tools: set[str | None]) -> _Step:
+    if last.result is None:  # not asked while a call is open; say so rather than guess
+        return _Step(f"Still waiting for `{last.name}` to finish.")
+    if last.name == CLARIFICATION_TOOL:
+        return _after_clarification(request, last, tools)
+    if last.name == "search_docs":
+        return _Step(_search_summary(last))
+    if last.name == "deploy":
+        return _Step(_deploy_summary(last))
+    if last.name == "run_job":
+        return _Step(_job_summary(last))
+    if last.name == "check_health":
+        return _Step(_health_summary(last))
+    if last.is_error:
+        return _Step(f"`{last.name}` failed:\n{_quote(last.result)}")
+    return _Step(f"`{last.name}` returned: {_cut(last.result, 300)}")
+
+
+def _after_clarification(request: str, last: _Call, tools: set[str | None]) -> _Step:
+    if last.is_error:
+        return _Step(f"I didn't get an answer, so I did nothing.\n{_quote(last.result)}")
+    answer = _clean(_person_said(last.result or "") or "")
+    if _NEVER_MIND.match(answer):
+        return _Step("OK, I won't deploy anything.")
+    m = _DEPLOY.match(_clean(request))
+    asked = _parse_deploy(m["rest"] if m else "")
+    given = _parse_deploy(answer)
+    if given.service is None:
+        return _Step("I still don't know which service to deploy. Try `deploy api to staging`.")
+    return _deploy_step(
+        _DeployRequest(
+            given.service,
+            given.version or asked.version,
+            given.environment or asked.environment,
+            given.unknown_environment or asked.unknown_environment,
+        ),
+        tools,
+    )
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "")
+    except ValueError:
+        return {}  # an elided (cut) result is not JSON; callers fall back to the raw text
+    return value if isinstance(value, dict) else {}
+
+
+def _cut(text: str | None, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _quote(text: str | None, limit: int = 500) -> str:
+    """The error as the tool or the engine wrote it, as a Slack quote."""
+    text = (text or "").strip()
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return "\n".join(f"> {line}" for line in text.splitlines() or [""])
+
+
+def _search_summary(call: _Call) -> str:
+    query = call.input.get("query", "")
+    if call.is_error:
+        return f"The docs search for “{query}” failed:\n{_quote(call.result)}"
+    found = _json(call.result)
+    if not found:
+        return f"The docs search for “{query}” returned: {_cut(call.result, 500)}"
+    hits = found.get("results") or []
+    if not hits:
+        note = f" ({found['note']})" if found.get("note") else ""
+        return f"Nothing in the docs matches “{query}”{note}."
+    lines = [f"Found {len(hits)} match{'es' if len(hits) > 1 else ''} for “{query}” in the docs:"]
+    for hit in hits:
+        snippet = _cut(str(hit.get("snippet", "")).replace("#", ""), 140)
+        lines.append(f"• *{hit.get('file')}:{hit.get('line')}* {snippet}")
+    return "\n".join(lines)
+
+
+def _deploy_summary(call: _Call) -> str:
+    args = call.input
+    what = " ".join(str(x) for x in (args.get("service"), args.get("version")) if x)
+    env = args.get("environment", "staging")
+    if call.is_error:
+        return f"Not deployed: {what} to {env}.\n{_quote(call.result)}"
+    out = _json(call.result)
+    if not {"deployment", "service", "version", "environment"} <= set(out):
+        return f"Deployed {what} to {env}: {_cut(call.result, 300)}"
+    return (
+        f"Deployed {out['service']} {out['version']} to {out['environment']} "
+        f"(deployment #{out['deployment']})."
+    )
+
+
+def _job_summary(call: _Call) -> str:
+    name = call.input.get("name", "the job")
+    if call.is_error:
+        return f"Job {name} did not finish:\n{_quote(call.result)}"
+    out = _json(call.result)
+    status = out.get("status", "finished")
+    took = f" after {out['ran_for_s']} s" if "ran_for_s" in out else ""
+    why = f": {out['error']}" if out.get("error") else ""
+    return f"Job {out.get('job', name)} {status}{took}{why}."
+
+
+def _health_summary(call: _Call) -> str:
+    service = call.input.get("service", "the service")
+    if call.is_error:
+        return f"Could not check {service}:\n{_quote(call.result)}"
+    out = _json(call.result)
+    status = out.get("status", "unknown")
+    attempt = out.get("attempt")
+    retried = (
+        f" (answered on attempt {attempt}; the engine retried the failed checks)"
+        if isinstance(attempt, int) and attempt > 1
+        else ""
+    )
+    return f"{out.get('service', service)} is {status}{retried}."
