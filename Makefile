@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/opsloop serve
+	$(VENV)/bin/opsloop local
 
 test: $(STAMP)
 	$(PY) -m pytest -q

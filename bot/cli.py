@@ -1,7 +1,8 @@
 """The ``opsloop`` command: serve the bot, list threads, read a thread's log.
 
     opsloop serve                    HTTP: POST /slack/events, GET /healthz
-    opsloop socket | local           (later versions)
+    opsloop socket                   Slack's Socket Mode
+    opsloop local                    everything on this machine, Slack in the browser
     opsloop threads [--status S] [--json]
     opsloop trace THREAD [--json]    THREAD: a thread id or CHANNEL/THREAD_TS
 
@@ -32,7 +33,7 @@ from engine.trace import format_usage, iso, trace_line, trace_record, usage_tota
 from tools import REGISTRY, ToolLoadError, load_tools
 
 if TYPE_CHECKING:  # aiohttp and the engine's loop load only for `serve`: a quick CLI
-    pass
+    import socket
 
 log = logging.getLogger("opsloop.cli")
 
@@ -195,15 +196,15 @@ async def _trace(args: argparse.Namespace) -> int:
 # --- serve --------------------------------------------------------------------------
 
 
-def _listen_address() -> tuple[str, int]:
-    host = os.environ.get("OPSLOOP_HOST") or DEFAULT_HOST
+def _listen_address(command: str = "serve", default_host: str = DEFAULT_HOST) -> tuple[str, int]:
+    host = os.environ.get("OPSLOOP_HOST") or default_host
     raw = (os.environ.get("PORT") or str(DEFAULT_PORT)).strip()
     try:
         port = int(raw)
     except ValueError:
-        raise CliError(f"{PROG} serve: PORT must be a number, not {raw!r}") from None
+        raise CliError(f"{PROG} {command}: PORT must be a number, not {raw!r}") from None
     if not 0 <= port <= 65535:
-        raise CliError(f"{PROG} serve: PORT must be between 0 and 65535, not {port}")
+        raise CliError(f"{PROG} {command}: PORT must be between 0 and 65535, not {port}")
     return host, port
 
 
@@ -310,8 +311,51 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
     return asyncio.run(_serve(settings, host, port))
 
 
-def _cmd_later(args: argparse.Namespace) -> int:
-    raise CliError(f"{PROG} {args.command}: not available yet in this version")
+# --- local --------------------------------------------------------------------------
+
+LOCAL_HOST = "127.0.0.1"  # only this machine: the page acts as anyone in the workspace
+LOCAL_TOOLS = "tools.builtin,tools.demo"
+
+
+async def _local(settings: Settings, sock: socket.socket) -> int:
+    from bot.local.server import choose_model, start_local
+
+    make_model, kind, suggestions = choose_model()
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)  # before starting: a Ctrl-C while starting stops cleanly
+    local = await start_local(
+        settings, sock, make_model=make_model, model_kind=kind, suggestions=suggestions
+    )
+    try:
+        print(f"{PROG} local: open {local.url}", flush=True)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await local.close(SHUTDOWN_TIMEOUT_S)
+    log.info("stopped")
+    return 0
+
+
+def _cmd_local(_args: argparse.Namespace) -> int:
+    """No Slack settings needed: the workspace is local, its token and secret made up."""
+    env = dict(os.environ)
+    if not env.get("OPSLOOP_TOOLS", "").strip():
+        env["OPSLOOP_TOOLS"] = LOCAL_TOOLS
+    settings = load_settings(env)
+    host, port = _listen_address("local", LOCAL_HOST)
+    from bot.local.server import bind
+
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise CliError(
+            f"{PROG} local: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    configure_logging(logging.INFO)
+    try:
+        return asyncio.run(_local(settings, sock))
+    finally:
+        sock.close()
 
 
 def _cmd_threads(args: argparse.Namespace) -> int:
@@ -386,8 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
     sub.add_parser("socket", help="connect to Slack in Socket Mode").set_defaults(func=_cmd_socket)
     sub.add_parser(
-        "local", help="run everything on this machine, no Slack account needed (not yet)"
-    ).set_defaults(func=_cmd_later)
+        "local", help="run everything on this machine, with Slack in the browser (no account)"
+    ).set_defaults(func=_cmd_local)
 
     threads = sub.add_parser("threads", help="list threads, most recently updated first")
     threads.add_argument("--status", choices=STATUSES, help="only threads in this status")
@@ -416,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.command not in ("serve", "socket"):
+    if args.command not in ("serve", "socket", "local"):
         configure_logging(logging.WARNING)
     try:
         return args.func(args)

@@ -39,6 +39,10 @@ log = logging.getLogger("opsloop.runtime")
 
 SLACK_API_URL = "https://slack.com/api/"
 REDELIVER_WINDOW = timedelta(days=1)
+_TOOL_ENGINES = (
+    ("tools.builtin.tickets", "dispose_ticket_engines"),
+    ("tools.demo", "dispose_demo_engines"),
+)
 
 
 @dataclass
@@ -69,10 +73,15 @@ class Background:
         close_model = getattr(self.model, "close", None)
         if close_model is not None:
             await close_model()
-        with contextlib.suppress(Exception):
-            from tools.builtin.tickets import dispose_ticket_engines
-
-            await dispose_ticket_engines()
+        # Tools' own database engines were made on this loop: closed here, after the
+        # worker, and only for the tool modules that were loaded.
+        for module, name in _TOOL_ENGINES:
+            dispose = getattr(sys.modules.get(module), name, None)
+            if dispose is not None:
+                try:
+                    await dispose()
+                except Exception:
+                    log.warning("closing %s failed", module, exc_info=True)
         await self.store.close()
 
 

@@ -145,11 +145,14 @@ class Scheduler:
         self._aps.start()
 
     async def shutdown(self) -> None:
-        if self._aps.running:
-            self._aps.shutdown(wait=False)
-        # A sweep still reading the database must finish before the store closes.
+        if not self._aps.running:
+            return
+        # APScheduler's shutdown cancels a coroutine job mid-query, leaving its database
+        # connection to the garbage collector: no new sweeps, let the running one end.
+        self._aps.pause()
         if self._sweeps:
             await asyncio.gather(*self._sweeps, return_exceptions=True)
+        self._aps.shutdown(wait=False)
 
     async def sweep(self) -> list[str]:
         """Kick every thread with work due now; returns their ids."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlmodel import SQLModel
 
-from engine import faults, mapper, pg_fast
+from engine import faults, mapper, pg_fast, sqlite_fast
 from engine.db import DatabaseConfig, create_engine, parse_database_url
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
@@ -95,6 +96,8 @@ class Store:
         # PostgreSQL only: plain asyncpg connections for the one-round-trip append; the
         # ORM pool's checkout and return alone cost more than the commit.
         self._fast: pg_fast.Connections | None = None
+        # SQLite only: one thread and connection that runs each hot write in one hop.
+        self._writer: sqlite_fast.Writer | None = None
         # SQLite has one writer at a time. Our writers queue here, in order, instead of
         # in SQLite's busy handler, which sleeps up to 100 ms between tries; other
         # processes still meet the busy timeout. Reads take no lock (WAL snapshots).
@@ -114,6 +117,8 @@ class Store:
                 await store.ping()
             if config.dialect == "postgresql":
                 store._fast = pg_fast.connections(config, pool_size)
+            elif config.url.database and config.url.database != ":memory:":
+                store._writer = sqlite_fast.Writer(config.url.database)
         except BaseException:
             await store.close()
             raise
@@ -123,6 +128,9 @@ class Store:
         if self._fast is not None:
             await self._fast.close()
             self._fast = None
+        if self._writer is not None:
+            await self._writer.close()
+            self._writer = None
         await self.engine.dispose()
 
     async def create_tables(self) -> None:
@@ -165,6 +173,13 @@ class Store:
     async def create_thread(self, key: ThreadKey, *, now: datetime | None = None) -> str:
         """The id of the thread at ``key``, creating it if new (idempotent, race-safe)."""
         now = now or utcnow()
+        if self._writer is not None:
+            try:
+                return await self._writer.create_thread(
+                    new_thread_id(), key.team, key.channel, key.root_ts, now
+                )
+            except (sqlite3.OperationalError, OSError) as exc:
+                raise self._unavailable(exc) from exc
         async with self._begin() as conn:
             return await self._create_thread_txn(conn, key, now)
 
@@ -333,9 +348,9 @@ class Store:
         if state is not None and state.last_seq == expected_seq:
             stamped, new_state = _stamp(thread_id, events, expected_seq, state, now)
             crosses = new_state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY
-            if self._fast is not None and not crosses:
+            if (self._fast is not None or self._writer is not None) and not crosses:
                 try:
-                    await self._append_pg(thread_id, expected_seq, stamped, new_state, now)
+                    await self._append_fast(thread_id, expected_seq, stamped, new_state, now)
                 except ConcurrencyConflict:
                     for key in keys:  # the unique index met an input stored already
                         if (stored := await self.find_by_dedupe_key(thread_id, key)) is not None:
@@ -407,7 +422,7 @@ class Store:
             await self._snapshot_txn(conn, new_state)
         return Appended(events=stamped, state=new_state)
 
-    async def _append_pg(
+    async def _append_fast(
         self,
         thread_id: str,
         expected_seq: int,
@@ -415,13 +430,21 @@ class Store:
         state: ThreadState,
         now: datetime,
     ) -> None:
-        assert self._fast is not None
         rows = [mapper.to_row(e) for e in stamped]
         try:
-            moved = await pg_fast.append(self._fast, thread_id, expected_seq, rows, state, now)
-        except asyncpg.UniqueViolationError as exc:
+            if self._writer is not None:
+                moved = await self._writer.append(thread_id, expected_seq, rows, state, now)
+            else:
+                assert self._fast is not None
+                moved = await pg_fast.append(self._fast, thread_id, expected_seq, rows, state, now)
+        except (asyncpg.UniqueViolationError, sqlite3.IntegrityError) as exc:
             raise ConcurrencyConflict(thread_id, expected_seq) from exc
-        except (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError) as exc:
+        except (
+            asyncpg.InterfaceError,
+            asyncpg.PostgresConnectionError,
+            sqlite3.OperationalError,
+            OSError,
+        ) as exc:
             raise self._unavailable(exc) from exc
         if not moved:
             await self.get_thread(thread_id)  # ThreadNotFound if it is not there at all
@@ -508,7 +531,7 @@ class Store:
             .values(lease_owner=owner, lease_expires_at=until)
         )
         args = (thread_id, owner, until, now)
-        return await self._update(update, pg_fast.ACQUIRE_SQL, *args) == 1
+        return await self._update(update, pg_fast.ACQUIRE_SQL, sqlite_fast.ACQUIRE_SQL, *args) == 1
 
     async def renew_lease(
         self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
@@ -519,7 +542,12 @@ class Store:
             .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
             .values(lease_expires_at=until)
         )
-        return await self._update(update, pg_fast.RENEW_SQL, thread_id, owner, until) == 1
+        return (
+            await self._update(
+                update, pg_fast.RENEW_SQL, sqlite_fast.RENEW_SQL, thread_id, owner, until
+            )
+            == 1
+        )
 
     async def release_lease(self, thread_id: str, owner: str) -> None:
         update = (
@@ -527,17 +555,24 @@ class Store:
             .where(THREADS.c.id == thread_id, THREADS.c.lease_owner == owner)
             .values(lease_owner=None, lease_expires_at=None)
         )
-        await self._update(update, pg_fast.RELEASE_SQL, thread_id, owner)
+        await self._update(update, pg_fast.RELEASE_SQL, sqlite_fast.RELEASE_SQL, thread_id, owner)
 
-    async def _update(self, update: sa.Update, pg_sql: str, *args: Any) -> int:
-        """Run a one-statement write: on PostgreSQL as ``pg_sql`` in one round trip."""
-        if self._fast is None:
-            async with self._begin() as conn:
-                return (await conn.execute(update)).rowcount
+    async def _update(self, update: sa.Update, pg_sql: str, sqlite_sql: str, *args: Any) -> int:
+        """Run a one-statement write in one round trip (one hop on SQLite)."""
         try:
-            return pg_fast.rows_of(await self._fast.execute(pg_sql, *args))
-        except (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError) as exc:
+            if self._writer is not None:
+                return await self._writer.execute(sqlite_sql, *args)
+            if self._fast is not None:
+                return pg_fast.rows_of(await self._fast.execute(pg_sql, *args))
+        except (
+            asyncpg.InterfaceError,
+            asyncpg.PostgresConnectionError,
+            sqlite3.OperationalError,
+            OSError,
+        ) as exc:
             raise self._unavailable(exc) from exc
+        async with self._begin() as conn:
+            return (await conn.execute(update)).rowcount
 
     async def due_threads(self, now: datetime | None = None, limit: int = 100) -> list[str]:
         """Threads with work and no live lease: timers due, or runnable and unowned."""

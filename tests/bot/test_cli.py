@@ -289,11 +289,6 @@ def test_serve_with_a_bad_setting_is_one_line_exit_2(tmp_path: Path, name: str, 
     assert not (tmp_path / "opsloop.db").exists()  # refused before touching anything
 
 
-def test_local_says_it_is_not_there_yet(tmp_path: Path) -> None:
-    proc = run_cli("local", db=None, cwd=tmp_path)
-    assert assert_one_line_error(proc) == "opsloop local: not available yet in this version"
-
-
 def test_socket_without_its_settings_is_one_line_exit_2(tmp_path: Path) -> None:
     proc = run_cli("socket", db=None, cwd=tmp_path, env={"SLACK_BOT_TOKEN": "xoxb-1"})
     line = assert_one_line_error(proc)

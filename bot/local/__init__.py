@@ -1,0 +1,22 @@
+"""``opsloop local``: the whole bot on one machine, with a Slack workspace in the browser.
+
+The unchanged Bolt app talks to a local Slack: the Web API it calls (``SLACK_API_URL``)
+is served here with Slack's answers, and what people do in the page becomes the signed
+requests Slack would send to ``POST /slack/events``. So local mode runs the production
+code paths, only Slack is replaced.
+
+    identity        who the workspace, the app and the people are
+    slack_requests  what Slack sends to an app: envelopes, payloads, signatures (pure)
+    workspace       the workspace's state: channels, messages, modals (no I/O)
+    state_file      the workspace kept in a JSON file, replaced atomically
+    web_api         the Slack Web API methods the bot uses, over a workspace
+    app_link        what people do, sent to the app as Slack sends it (signed HTTP)
+    page_input      what people type and click, checked as Slack's client does (pure)
+    live            live updates for the page (server-sent events)
+    ui              the page's JSON API
+    server          the assembly: one process, one port, ``opsloop local``
+    static/         the page: vanilla HTML, CSS and JavaScript, no build step
+
+The test suite's fake Slack (``tests/fakes/slack.py``) is the same Web API and the same
+payload builders, with controls for tests on top.
+"""

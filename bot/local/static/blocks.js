@@ -1,0 +1,237 @@
+// Block Kit to DOM nodes: header, section (text, fields, accessory), context, divider,
+// actions (buttons with style and confirm), input (in modals), rich_text and image.
+// Text goes through renderMrkdwn or textContent only: nothing is parsed as HTML.
+//
+// Buttons carry data-testid="block-button", data-action-id, data-block-id and
+// data-style; ctx.onButton(button, blockId) is called when one is clicked.
+
+import { renderMrkdwn, unescapeSlack } from "./mrkdwn.js";
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+/** A text object (plain_text or mrkdwn) as nodes. */
+export function textObject(obj, ctx) {
+  if (!obj || typeof obj !== "object") return document.createTextNode("");
+  if (obj.type === "mrkdwn") return renderMrkdwn(obj.text || "", ctx);
+  return document.createTextNode(unescapeSlack(obj.text || ""));
+}
+
+/** The blocks as one container element. */
+export function renderBlocks(blocks, ctx) {
+  const box = el("div", "blocks");
+  (Array.isArray(blocks) ? blocks : []).forEach((block, index) => {
+    if (!block || typeof block !== "object") return;
+    const blockId = block.block_id || `b${index}`;
+    const render = RENDERERS[block.type] || unsupported;
+    const node = render(block, ctx, blockId);
+    if (node) {
+      node.dataset.blockType = block.type;
+      node.dataset.blockId = blockId;
+      box.appendChild(node);
+    }
+  });
+  return box;
+}
+
+const RENDERERS = {
+  header(block, ctx) {
+    const h = el("div", "bk-header");
+    h.appendChild(textObject(block.text, ctx));
+    return h;
+  },
+  section(block, ctx, blockId) {
+    const section = el("div", "bk-section");
+    const main = el("div", "bk-section-main");
+    if (block.text) {
+      const text = el("div", "bk-text");
+      text.appendChild(textObject(block.text, ctx));
+      main.appendChild(text);
+    }
+    if (Array.isArray(block.fields) && block.fields.length) {
+      const fields = el("div", "bk-fields");
+      for (const field of block.fields) {
+        const cell = el("div", "bk-field");
+        cell.appendChild(textObject(field, ctx));
+        fields.appendChild(cell);
+      }
+      main.appendChild(fields);
+    }
+    section.appendChild(main);
+    if (block.accessory) {
+      const side = el("div", "bk-accessory");
+      side.appendChild(element(block.accessory, ctx, blockId));
+      section.appendChild(side);
+    }
+    return section;
+  },
+  context(block, ctx) {
+    const row = el("div", "bk-context");
+    for (const item of block.elements || []) {
+      if (item && item.type === "image") {
+        row.appendChild(el("span", "bk-image-alt", item.alt_text || "image"));
+      } else {
+        const span = el("span", "bk-context-item");
+        span.appendChild(textObject(item, ctx));
+        row.appendChild(span);
+      }
+    }
+    return row;
+  },
+  divider() {
+    return el("hr", "bk-divider");
+  },
+  actions(block, ctx, blockId) {
+    const row = el("div", "bk-actions");
+    for (const item of block.elements || []) row.appendChild(element(item, ctx, blockId));
+    return row;
+  },
+  image(block) {
+    return el("div", "bk-image-alt", `[image: ${block.alt_text || "no description"}]`);
+  },
+  rich_text(block, ctx) {
+    const box = el("div", "bk-rich-text");
+    for (const part of block.elements || []) box.appendChild(richPart(part, ctx));
+    return box;
+  },
+  input(block, ctx, blockId) {
+    const field = el("div", "bk-input");
+    const label = el("label", "bk-input-label");
+    label.appendChild(textObject(block.label, ctx));
+    if (block.optional) label.appendChild(el("span", "bk-optional", " (optional)"));
+    field.appendChild(label);
+    const spec = block.element || {};
+    let control;
+    if (spec.type === "plain_text_input") {
+      control = document.createElement(spec.multiline ? "textarea" : "input");
+      if (!spec.multiline) control.type = "text";
+      if (spec.max_length) control.maxLength = spec.max_length;
+      if (spec.placeholder) control.placeholder = unescapeSlack(spec.placeholder.text || "");
+      if (spec.initial_value) control.value = spec.initial_value;
+      control.className = "bk-input-control";
+      control.dataset.testid = "modal-input";
+      control.dataset.blockId = blockId;
+      control.dataset.actionId = spec.action_id || "";
+      control.id = `input-${blockId}`;
+      label.htmlFor = control.id;
+    } else {
+      control = el("div", "bk-unsupported", `[unsupported input: ${spec.type || "?"}]`);
+    }
+    field.appendChild(control);
+    if (block.hint) {
+      const hint = el("div", "bk-hint");
+      hint.appendChild(textObject(block.hint, ctx));
+      field.appendChild(hint);
+    }
+    const error = el("div", "bk-input-error");
+    error.dataset.testid = "modal-error";
+    error.dataset.blockId = blockId;
+    error.hidden = true;
+    field.appendChild(error);
+    return field;
+  },
+};
+
+function unsupported(block) {
+  return el("div", "bk-unsupported", `[unsupported block: ${block.type || "?"}]`);
+}
+
+function element(item, ctx, blockId) {
+  if (!item || item.type !== "button") {
+    return el("span", "bk-unsupported", `[${(item && item.type) || "element"}]`);
+  }
+  const button = el("button", "bk-button");
+  button.type = "button";
+  button.appendChild(textObject(item.text, ctx));
+  button.dataset.testid = "block-button";
+  button.dataset.actionId = item.action_id || "";
+  button.dataset.blockId = blockId;
+  if (item.style === "primary" || item.style === "danger") {
+    button.dataset.style = item.style;
+    button.classList.add(`bk-button-${item.style}`);
+  }
+  if (item.url) button.title = item.url;
+  if (ctx.onButton) {
+    button.addEventListener("click", () => ctx.onButton(item, blockId, button));
+  } else {
+    button.disabled = true;
+  }
+  return button;
+}
+
+function richPart(part, ctx) {
+  const tag = part.type === "rich_text_preformatted" ? "pre" : part.type === "rich_text_quote" ? "blockquote" : "div";
+  const box = el(tag, `bk-rich-${part.type || "section"}`);
+  if (part.type === "rich_text_list") {
+    const list = el(part.style === "ordered" ? "ol" : "ul");
+    for (const item of part.elements || []) {
+      const li = el("li");
+      li.appendChild(richPart(item, ctx));
+      list.appendChild(li);
+    }
+    box.appendChild(list);
+    return box;
+  }
+  for (const item of part.elements || []) box.appendChild(richInline(item, ctx));
+  return box;
+}
+
+function richInline(item, ctx) {
+  let node;
+  switch (item.type) {
+    case "user":
+      node = el("span", "md-mention", "@" + ctx.userName(item.user_id));
+      break;
+    case "channel":
+      node = el("span", "md-channel", "#" + (ctx.channelName(item.channel_id) || item.channel_id));
+      break;
+    case "usergroup":
+      node = el("span", "md-mention", "@" + ctx.groupName(item.usergroup_id));
+      break;
+    case "broadcast":
+      node = el("span", "md-mention md-broadcast", "@" + item.range);
+      break;
+    case "link": {
+      const link = ctx.linkFor(item.url || "");
+      node = link ? el("a", "md-link", item.text || item.url) : el("span", "md-link-text", item.text || item.url);
+      if (link) {
+        node.href = link.href;
+        if (!link.internal) {
+          node.target = "_blank";
+          node.rel = "noopener noreferrer";
+        }
+      }
+      break;
+    }
+    case "emoji":
+      node = el("span", "md-emoji", emoji(item));
+      break;
+    default:
+      node = el("span", "", item.text || "");
+  }
+  const style = item.style || {};
+  if (style.code) node = wrap("code", "md-code", node);
+  if (style.bold) node = wrap("strong", "md-strong", node);
+  if (style.italic) node = wrap("em", "md-em", node);
+  if (style.strike) node = wrap("s", "md-s", node);
+  return node;
+}
+
+function emoji(item) {
+  try {
+    if (item.unicode) return String.fromCodePoint(...item.unicode.split("-").map((h) => parseInt(h, 16)));
+  } catch {
+    // not a code point: show its name
+  }
+  return `:${item.name || "?"}:`;
+}
+
+function wrap(tag, className, child) {
+  const outer = el(tag, className);
+  outer.appendChild(child);
+  return outer;
+}

@@ -1,0 +1,158 @@
+"""The local workspace in a real browser: what a newcomer does after ``make run``.
+
+``opsloop local`` runs as a real process (offline phrasebook model, demo tools, SQLite)
+and headless Chromium (Debian's ``chromium``, driven by Playwright) clicks through the
+page as alice, who asks, and bob, who reviews. Skipped where no browser is installed,
+except in CI, where ``.ci/run`` installs it and a missing browser is a failure.
+
+``OPSLOOP_SCREENSHOT_DIR=docs`` writes the README's screenshot there
+(``docs/local-approval.png``); otherwise it goes to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.blocks import APPROVE_ACTION, REJECT_ACTION
+from tests.bot.test_cli import _free_port
+from tests.bot.test_local_cli import Running, local_env, opsloop_local
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("OPSLOOP_CHROMIUM", "/usr/bin/chromium")
+ALICE, BOB = "U0ALICE", "U0BOB"
+OPS = "C0OPS"
+WAIT_MS = 30_000
+
+
+def _browser_or_skip() -> str:
+    if Path(CHROMIUM).exists() or shutil.which(CHROMIUM):
+        return CHROMIUM
+    reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    path = _browser_or_skip()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Running]:
+    env = local_env(tmp_path, _free_port(), OPSLOOP_SWEEP_SECONDS="1")
+    with opsloop_local(tmp_path, env) as running:
+        line = running.first_line()
+        found = re.search(r"http://\S+", line)
+        assert found, line
+        running.url = found.group(0)
+        yield running
+        assert running.stop() == 0, running.stderr()[-3000:]
+
+
+@pytest.fixture
+def page(browser, local: Running) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1400, "height": 860})  # type: ignore[attr-defined]
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(f"{local.url}#/{OPS}")
+    page.get_by_test_id("connection-status").and_(page.locator("[data-state=live]")).wait_for()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def be(page, user: str) -> None:
+    page.get_by_test_id("user-switcher").select_option(user)
+
+
+def ask(page, text: str) -> object:
+    """alice writes ``text`` to the bot in #ops; returns the thread pane once the bot
+    has answered in the thread."""
+    be(page, ALICE)
+    page.get_by_test_id("composer-input").fill(f"@opsloop {text}")
+    page.get_by_test_id("composer-send").click()
+    mine = page.get_by_test_id("message-list").get_by_test_id("message").filter(has_text=text)
+    mine.last.get_by_test_id("open-thread").click()
+    pane = page.get_by_test_id("thread-pane")
+    pane.wait_for()
+    return pane
+
+
+def button(pane, action_id: str) -> object:
+    return pane.locator(f'[data-testid="block-button"][data-action-id="{action_id}"]').last
+
+
+def click_through_confirm(page, target) -> None:
+    target.click()
+    confirm = page.get_by_test_id("confirm-ok")
+    if confirm.is_visible():
+        confirm.click()
+
+
+def bot_says(pane, text: str) -> None:
+    pane.locator('[data-testid="message"][data-bot="true"]').filter(has_text=text).last.wait_for()
+
+
+def test_a_deploy_is_approved_by_bob_and_the_answer_arrives(page, tmp_path: Path) -> None:
+    pane = ask(page, "deploy api to staging")
+    approve = button(pane, APPROVE_ACTION)
+    approve.wait_for()
+    assert button(pane, REJECT_ACTION).get_attribute("data-style") == "danger"
+    assert approve.get_attribute("data-style") == "primary"
+
+    be(page, BOB)
+    shots = Path(os.environ.get("OPSLOOP_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "local-approval.png"))
+
+    click_through_confirm(page, button(pane, APPROVE_ACTION))
+    bot_says(pane, "Deployed api")
+    # The card is updated in place: no buttons left, bob named as the reviewer.
+    assert button(pane, APPROVE_ACTION).count() == 0
+    assert "bob" in pane.inner_text().lower()
+
+
+def test_a_rejection_with_a_reason_is_what_the_bot_answers(page) -> None:
+    pane = ask(page, "deploy api version 9.9.9 to production")
+    button(pane, APPROVE_ACTION).wait_for()
+    be(page, BOB)
+    click_through_confirm(page, button(pane, REJECT_ACTION))
+    modal = page.get_by_test_id("modal")
+    modal.wait_for()
+    modal.get_by_test_id("modal-input").first.fill("change freeze until Monday")
+    modal.get_by_test_id("modal-submit").click()
+    modal.wait_for(state="hidden")
+    bot_says(pane, "change freeze until Monday")
+    assert "not deployed" in pane.inner_text().lower()
+
+
+def test_a_clarification_is_answered_in_the_thread(page) -> None:
+    pane = ask(page, "deploy")
+    bot_says(pane, "Which service")
+    pane.get_by_test_id("thread-composer-input").fill("billing")
+    pane.get_by_test_id("thread-composer-send").click()
+    button(pane, APPROVE_ACTION).wait_for()
+    be(page, BOB)
+    click_through_confirm(page, button(pane, APPROVE_ACTION))
+    bot_says(pane, "Deployed billing")
+
+
+def test_a_job_wait_completes_and_the_thread_is_told(page) -> None:
+    pane = ask(page, "run the backfill job for 2 seconds")
+    bot_says(pane, "succeeded")
