@@ -13,9 +13,10 @@ Measured in one process, one run:
 * engine, 50 threads at once (``Store.open(url, pool_size=50)``): each thread is posted
   (front door) and run to rest; steps/s = tool steps done / wall time. Durable
   transactions are counted exactly by wrapping the store's write methods
-  (``create_thread``, ``insert_events`` that stored rows, lease acquire/renew/release,
-  ``set_wake_at``). A 20-step thread commits 45 of them: its row, the message, the
-  lease, 2 x 20 for the steps, the final answer, the lease release.
+  (``create_thread``, a new thread with its first input, ``insert_events`` that stored
+  rows, lease acquire/renew/release, ``set_wake_at``). A 20-step thread commits 44 of
+  them: its row with the message, the lease, 2 x 20 for the steps, the final answer,
+  the lease release.
 * raw asyncpg, the physical limit: BEGIN; INSERT one event-sized row (~300-byte JSON
   payload) into a table ``LIKE events INCLUDING ALL``; COMMIT. Sequential median (in
   bursts between the 1-thread runs, so both see the same machine), then 50 concurrent
@@ -70,6 +71,7 @@ _STARTED = time.perf_counter()
 # Store methods that open a write transaction and commit it.
 WRITE_METHODS = (
     "create_thread",
+    "_append_new_thread",  # a new thread and its first input: one transaction
     "insert_events",
     "acquire_lease",
     "renew_lease",

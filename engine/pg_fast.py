@@ -57,12 +57,21 @@ class Connections:
         self._closed = False
 
     async def execute(self, sql: str, *args: Any) -> str:
-        """Run one statement in autocommit; a stale idle connection is retried once."""
+        """Run one statement in autocommit; its status ("UPDATE 1")."""
+        status: str = await self._run("execute", sql, *args)
+        return status
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first value of a one-statement read."""
+        return await self._run("fetchval", sql, *args)
+
+    async def _run(self, method: str, sql: str, *args: Any) -> Any:
+        """``conn.<method>(sql, *args)``; a stale idle connection is retried once."""
         for attempt in (1, 2):
             async with self._slots:
                 conn = self._idle.pop() if self._idle else await self._connect()
                 try:
-                    status: str = await conn.execute(sql, *args)
+                    result = await getattr(conn, method)(sql, *args)
                 except asyncpg.PostgresError as exc:
                     if isinstance(exc, asyncpg.PostgresConnectionError):
                         conn.terminate()
@@ -77,7 +86,7 @@ class Connections:
                         continue
                     raise
                 self._idle.append(conn)
-                return status
+                return result
         raise AssertionError("unreachable")
 
     async def _connect(self) -> asyncpg.Connection:
@@ -130,6 +139,53 @@ async def append(
     return bool(status == f"INSERT 0 {len(rows)}")
 
 
+CREATE_SQL = """
+WITH created AS (
+    INSERT INTO threads
+        (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+    ON CONFLICT (team, channel, root_ts) DO NOTHING
+    RETURNING id
+)
+INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
+SELECT created.id, e.seq, e.event_id, e.type, e.actor, $9, e.payload, e.dedupe_key
+FROM created,
+     unnest($10::int[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+         AS e(seq, event_id, type, actor, payload, dedupe_key)
+"""
+
+
+async def create_and_append(
+    pool: Connections,
+    where: tuple[str, str, str],
+    rows: Sequence[dict[str, Any]],
+    state: ThreadState,
+    now: datetime,
+) -> bool:
+    """A new thread, already at ``state``, and its first events in one statement; False
+    if a thread lives at ``where`` (team, channel, root_ts) already (nothing written)."""
+    status = await pool.execute(
+        CREATE_SQL,
+        state.thread_id,
+        *where,
+        state.status,
+        state.last_seq,
+        state.wake_at,
+        state.requester,
+        now,
+        [r["seq"] for r in rows],
+        [r["event_id"] for r in rows],
+        [r["type"] for r in rows],
+        [r["actor"] for r in rows],
+        [r["payload"] for r in rows],
+        [r["dedupe_key"] for r in rows],
+    )
+    return bool(status == f"INSERT 0 {len(rows)}")
+
+
+FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = $1 AND channel = $2 AND root_ts = $3"
+
+
 # Leases: the same predicates as the portable statements in engine/store.py.
 ACQUIRE_SQL = """
 UPDATE threads SET lease_owner = $2, lease_expires_at = $3
@@ -140,6 +196,9 @@ RELEASE_SQL = """
 UPDATE threads SET lease_owner = NULL, lease_expires_at = NULL
 WHERE id = $1 AND lease_owner = $2
 """
+
+
+WAKE_SQL = "UPDATE threads SET wake_at = $3 WHERE id = $1 AND last_seq = $2"
 
 
 def rows_of(status: str) -> int:

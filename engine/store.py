@@ -118,7 +118,7 @@ class Store:
             if config.dialect == "postgresql":
                 store._fast = pg_fast.connections(config, pool_size)
             elif config.url.database and config.url.database != ":memory:":
-                store._writer = sqlite_fast.Writer(config.url.database)
+                store._writer = sqlite_fast.shared_writer(config.url.database)
         except BaseException:
             await store.close()
             raise
@@ -129,7 +129,7 @@ class Store:
             await self._fast.close()
             self._fast = None
         if self._writer is not None:
-            await self._writer.close()
+            await sqlite_fast.release(self._writer)
             self._writer = None
         await self.engine.dispose()
 
@@ -204,6 +204,20 @@ class Store:
         return found
 
     async def find_thread(self, key: ThreadKey) -> str | None:
+        where = (key.team, key.channel, key.root_ts)
+        try:
+            if self._writer is not None:
+                return await self._writer.find_thread(*where)
+            if self._fast is not None:
+                found = await self._fast.fetchval(pg_fast.FIND_THREAD_SQL, *where)
+                return None if found is None else str(found)
+        except (
+            asyncpg.InterfaceError,
+            asyncpg.PostgresConnectionError,
+            sqlite3.OperationalError,
+            OSError,
+        ) as exc:
+            raise self._unavailable(exc) from exc
         async with self._reader.connect() as conn:
             return await self._find_thread_txn(conn, key)
 
@@ -393,18 +407,51 @@ class Store:
         (the caller reads again) and a racing duplicate meets the unique index.
         """
         now = now or utcnow()
-        async with self._reader.connect() as conn:
-            thread_id = await self._find_thread_txn(conn, key)
-            if thread_id is not None:
+        thread_id = await self.find_thread(key)
+        if thread_id is None and (self._writer is not None or self._fast is not None):
+            return await self._append_new_thread(key, build, now)
+        if thread_id is not None:
+            async with self._reader.connect() as conn:
                 if dedupe_key and (stored := await self._dedupe_txn(conn, thread_id, dedupe_key)):
                     return thread_id, Appended(events=[stored], state=None, deduplicated=True)
                 state = await self._load_txn(conn, thread_id)
-        if thread_id is None:
+        else:
             thread_id = await self.create_thread(key, now=now)
             state = await self.load(thread_id)
         event = build(state)
         done = await self.insert_events(thread_id, [event], state.last_seq, state=state, now=now)
         return thread_id, done
+
+    async def _append_new_thread(
+        self, key: ThreadKey, build: Callable[[ThreadState], Event], now: datetime
+    ) -> tuple[str, Appended]:
+        """A new thread and its first input in one transaction: one hop on SQLite, one
+        statement on PostgreSQL."""
+        thread_id = new_thread_id()
+        state = ThreadState(thread_id=thread_id)
+        stamped, new_state = _stamp(thread_id, [build(state)], 0, state, now)
+        rows = [mapper.to_row(e) for e in stamped]
+        where = (key.team, key.channel, key.root_ts)
+        try:
+            if self._writer is not None:
+                written = self._writer.append(thread_id, 0, rows, new_state, now, create=where)
+                created = await written == "done"
+            else:
+                assert self._fast is not None
+                created = await pg_fast.create_and_append(self._fast, where, rows, new_state, now)
+        except (
+            asyncpg.InterfaceError,
+            asyncpg.PostgresConnectionError,
+            sqlite3.OperationalError,
+            OSError,
+        ) as exc:
+            raise self._unavailable(exc) from exc
+        except asyncpg.UniqueViolationError as exc:
+            raise ConcurrencyConflict(thread_id, 0) from exc
+        if not created:  # someone created the thread first: the caller reads again
+            raise ConcurrencyConflict(thread_id, 0)
+        faults.hit("append")
+        return thread_id, Appended(events=stamped, state=new_state)
 
     async def _write_txn(
         self,
@@ -433,7 +480,8 @@ class Store:
         rows = [mapper.to_row(e) for e in stamped]
         try:
             if self._writer is not None:
-                moved = await self._writer.append(thread_id, expected_seq, rows, state, now)
+                outcome = await self._writer.append(thread_id, expected_seq, rows, state, now)
+                moved = outcome == "done"  # a duplicate: found by the caller's lookup
             else:
                 assert self._fast is not None
                 moved = await pg_fast.append(self._fast, thread_id, expected_seq, rows, state, now)
@@ -511,8 +559,8 @@ class Store:
             .where(THREADS.c.id == thread_id, THREADS.c.last_seq == expected_seq)
             .values(wake_at=wake_at)
         )
-        async with self._begin() as conn:
-            return (await conn.execute(update)).rowcount == 1
+        args = (thread_id, expected_seq, wake_at)
+        return await self._update(update, pg_fast.WAKE_SQL, sqlite_fast.WAKE_SQL, *args) == 1
 
     async def acquire_lease(
         self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
