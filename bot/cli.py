@@ -28,8 +28,14 @@ from engine.config import Settings, load_settings
 from engine.db import database_url_from_env
 from engine.errors import ConfigError, EngineError, ThreadNotFound
 from engine.state import Status
-from engine.store import Store, ThreadInfo
-from engine.trace import format_usage, iso, trace_line, trace_record, usage_totals
+from engine.store import Store
+from engine.trace import (
+    format_usage,
+    thread_record,
+    trace_line,
+    trace_record,
+    usage_totals,
+)
 from tools import REGISTRY, ToolLoadError, load_tools
 
 if TYPE_CHECKING:  # aiohttp and the engine's loop load only for `serve`: a quick CLI
@@ -114,19 +120,6 @@ async def _open_store() -> Store:
 
 
 # --- threads ------------------------------------------------------------------------
-
-
-def thread_record(info: ThreadInfo) -> dict[str, Any]:
-    return {
-        "thread_id": info.id,
-        "team": info.team,
-        "channel": info.channel,
-        "thread_ts": info.root_ts,
-        "requester": info.requester,
-        "status": info.status,
-        "last_seq": info.last_seq,
-        "updated_at": iso(info.updated_at),
-    }
 
 
 def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:

@@ -129,12 +129,7 @@ async def append(
         now,
         thread_id,
         expected_seq,
-        [r["seq"] for r in rows],
-        [r["event_id"] for r in rows],
-        [r["type"] for r in rows],
-        [r["actor"] for r in rows],
-        [r["payload"] for r in rows],
-        [r["dedupe_key"] for r in rows],
+        *_columns(rows),
     )
     return bool(status == f"INSERT 0 {len(rows)}")
 
@@ -173,17 +168,18 @@ async def create_and_append(
         state.wake_at,
         state.requester,
         now,
-        [r["seq"] for r in rows],
-        [r["event_id"] for r in rows],
-        [r["type"] for r in rows],
-        [r["actor"] for r in rows],
-        [r["payload"] for r in rows],
-        [r["dedupe_key"] for r in rows],
+        *_columns(rows),
     )
     return bool(status == f"INSERT 0 {len(rows)}")
 
 
 FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = $1 AND channel = $2 AND root_ts = $3"
+
+
+def _columns(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """The events as the arrays ``unnest`` takes, in the statements' order."""
+    names = ("seq", "event_id", "type", "actor", "payload", "dedupe_key")
+    return [[r[name] for r in rows] for name in names]
 
 
 # Leases: the same predicates as the portable statements in engine/store.py.

@@ -36,6 +36,13 @@ from engine.state import ThreadState, reduce
 from engine.tables import EVENTS, SNAPSHOTS, THREADS
 
 SNAPSHOT_EVERY = 200
+# What the drivers raise when the database cannot be reached (not a refused statement).
+_DRIVER_DOWN = (
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    sqlite3.OperationalError,
+    OSError,
+)
 # Statuses whose wake_at means "look again at this time".
 TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
 
@@ -178,7 +185,7 @@ class Store:
                 return await self._writer.create_thread(
                     new_thread_id(), key.team, key.channel, key.root_ts, now
                 )
-            except (sqlite3.OperationalError, OSError) as exc:
+            except _DRIVER_DOWN as exc:
                 raise self._unavailable(exc) from exc
         async with self._begin() as conn:
             return await self._create_thread_txn(conn, key, now)
@@ -211,12 +218,7 @@ class Store:
             if self._fast is not None:
                 found = await self._fast.fetchval(pg_fast.FIND_THREAD_SQL, *where)
                 return None if found is None else str(found)
-        except (
-            asyncpg.InterfaceError,
-            asyncpg.PostgresConnectionError,
-            sqlite3.OperationalError,
-            OSError,
-        ) as exc:
+        except _DRIVER_DOWN as exc:
             raise self._unavailable(exc) from exc
         async with self._reader.connect() as conn:
             return await self._find_thread_txn(conn, key)
@@ -439,12 +441,7 @@ class Store:
             else:
                 assert self._fast is not None
                 created = await pg_fast.create_and_append(self._fast, where, rows, new_state, now)
-        except (
-            asyncpg.InterfaceError,
-            asyncpg.PostgresConnectionError,
-            sqlite3.OperationalError,
-            OSError,
-        ) as exc:
+        except _DRIVER_DOWN as exc:
             raise self._unavailable(exc) from exc
         except asyncpg.UniqueViolationError as exc:
             raise ConcurrencyConflict(thread_id, 0) from exc
@@ -487,12 +484,7 @@ class Store:
                 moved = await pg_fast.append(self._fast, thread_id, expected_seq, rows, state, now)
         except (asyncpg.UniqueViolationError, sqlite3.IntegrityError) as exc:
             raise ConcurrencyConflict(thread_id, expected_seq) from exc
-        except (
-            asyncpg.InterfaceError,
-            asyncpg.PostgresConnectionError,
-            sqlite3.OperationalError,
-            OSError,
-        ) as exc:
+        except _DRIVER_DOWN as exc:
             raise self._unavailable(exc) from exc
         if not moved:
             await self.get_thread(thread_id)  # ThreadNotFound if it is not there at all
@@ -612,12 +604,7 @@ class Store:
                 return await self._writer.execute(sqlite_sql, *args)
             if self._fast is not None:
                 return pg_fast.rows_of(await self._fast.execute(pg_sql, *args))
-        except (
-            asyncpg.InterfaceError,
-            asyncpg.PostgresConnectionError,
-            sqlite3.OperationalError,
-            OSError,
-        ) as exc:
+        except _DRIVER_DOWN as exc:
             raise self._unavailable(exc) from exc
         async with self._begin() as conn:
             return (await conn.execute(update)).rowcount

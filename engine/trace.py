@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import events as ev
+
+if TYPE_CHECKING:  # a type only: this module does no I/O
+    from engine.store import ThreadInfo
 
 SUMMARY_WIDTH = 80
 EXCERPT_WIDTH = 60
@@ -270,3 +273,17 @@ def format_usage(totals: dict[str, int]) -> str | None:
         f"cache read {totals['cache_read_input_tokens']}, "
         f"cache write {totals['cache_creation_input_tokens']} tokens"
     )
+
+
+def thread_record(info: ThreadInfo) -> dict[str, Any]:
+    """One thread as ``opsloop threads --json`` prints it."""
+    return {
+        "thread_id": info.id,
+        "team": info.team,
+        "channel": info.channel,
+        "thread_ts": info.root_ts,
+        "requester": info.requester,
+        "status": info.status,
+        "last_seq": info.last_seq,
+        "updated_at": iso(info.updated_at),
+    }

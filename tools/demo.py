@@ -9,11 +9,9 @@ so a restarted process finds the deployments and the running jobs where it left 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,14 +19,14 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from tools.builtin._dburl import to_async_url
+from tools.builtin._engines import EngineCache
 from tools.context import ToolContext
 from tools.errors import RetryableToolError, ToolError
 from tools.registry import tool
 from tools.wait import WaitFor
 
 if TYPE_CHECKING:  # imported lazily: sqlalchemy.ext.asyncio needs greenlet
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 DEFAULT_URL = "sqlite:///opsloop.db"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -71,52 +69,13 @@ def _now() -> datetime:
 # --- engines: one per URL and event loop (as tools.builtin.tickets keeps its own) -------
 
 
-@dataclass
-class _Cached:
-    engine: AsyncEngine
-    loop: asyncio.AbstractEventLoop
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    ready: bool = False
-
-
-_ENGINES: dict[str, _Cached] = {}
-
-
-async def _engine_for(url: str) -> AsyncEngine:
-    """The cached engine for ``url`` on this loop, with the demo tables created once."""
-    async_url = to_async_url(url)
-    loop = asyncio.get_running_loop()
-    cached = _ENGINES.get(async_url)
-    if cached is not None and cached.loop is not loop:
-        # Bound to another (likely closed) loop: drop its pool without awaiting it.
-        cached.engine.sync_engine.dispose(close=False)
-        cached = None
-    if cached is None:
-        try:
-            from sqlalchemy.ext.asyncio import create_async_engine
-        except ImportError as exc:
-            raise ToolError("the demo tools need SQLAlchemy's asyncio support") from exc
-        cached = _Cached(engine=create_async_engine(async_url), loop=loop)
-        _ENGINES[async_url] = cached
-    if not cached.ready:
-        async with cached.lock:
-            if not cached.ready:
-                async with cached.engine.begin() as conn:
-                    await conn.run_sync(metadata.create_all)
-                cached.ready = True
-    return cached.engine
+_ENGINES = EngineCache(metadata, "the demo tools")
+_engine_for = _ENGINES.get
 
 
 async def dispose_demo_engines() -> None:
     """Close every cached engine (for tests and shutdown)."""
-    cached = list(_ENGINES.values())
-    _ENGINES.clear()
-    loop = asyncio.get_running_loop()
-    for entry in cached:
-        if entry.loop is loop:
-            await entry.engine.dispose()
-        else:
-            entry.engine.sync_engine.dispose(close=False)
+    await _ENGINES.dispose()
 
 
 def _unavailable(exc: BaseException) -> RetryableToolError:

@@ -56,7 +56,7 @@ from bot.local.page_input import (
 from bot.local.workspace import Change, Workspace
 from engine.errors import StoreUnavailable, ThreadNotFound
 from engine.store import Store, ThreadKey
-from engine.trace import iso, summarize, trace_record, usage_totals
+from engine.trace import summarize, thread_record, trace_record, usage_totals
 
 log = logging.getLogger("opsloop.local.ui")
 
@@ -498,16 +498,7 @@ class LocalUi:
         events = await self.store.select_events(info.id)  # type: ignore[union-attr]
         return web.json_response(
             {
-                "thread": {
-                    "thread_id": info.id,
-                    "team": info.team,
-                    "channel": info.channel,
-                    "thread_ts": info.root_ts,
-                    "requester": info.requester,
-                    "status": info.status,
-                    "last_seq": info.last_seq,
-                    "updated_at": iso(info.updated_at),
-                },
+                "thread": thread_record(info),  # type: ignore[arg-type]
                 "events": [trace_record(e) for e in events],
                 "summaries": [summarize(e) for e in events],
                 "usage": usage_totals(events),

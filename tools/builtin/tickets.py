@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -12,9 +10,9 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from tools.builtin._dburl import to_async_url
+from tools.builtin._engines import EngineCache
 from tools.context import ToolContext
-from tools.errors import RetryableToolError, ToolError
+from tools.errors import RetryableToolError
 from tools.registry import tool
 
 if TYPE_CHECKING:  # imported lazily: sqlalchemy.ext.asyncio needs greenlet
@@ -52,58 +50,13 @@ def tickets_url() -> str:
     return os.environ.get("OPSLOOP_TICKETS_URL") or os.environ.get("DATABASE_URL") or DEFAULT_URL
 
 
-@dataclass
-class _Cached:
-    engine: AsyncEngine
-    loop: asyncio.AbstractEventLoop
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    ready: bool = False
-
-
-_ENGINES: dict[str, _Cached] = {}
-
-
-def _create_engine(async_url: str) -> AsyncEngine:
-    try:
-        from sqlalchemy.ext.asyncio import create_async_engine
-    except ImportError as exc:
-        raise ToolError(
-            "create_ticket needs SQLAlchemy's asyncio support: pip install 'sqlalchemy[asyncio]'"
-        ) from exc
-    return create_async_engine(async_url)
-
-
-async def _engine_for(url: str) -> AsyncEngine:
-    """One engine per URL (and event loop), with the table created once."""
-    async_url = to_async_url(url)
-    loop = asyncio.get_running_loop()
-    cached = _ENGINES.get(async_url)
-    if cached is not None and cached.loop is not loop:
-        # Engine bound to another (likely closed) loop: drop its pool unawaited.
-        cached.engine.sync_engine.dispose(close=False)
-        cached = None
-    if cached is None:
-        cached = _Cached(engine=_create_engine(async_url), loop=loop)
-        _ENGINES[async_url] = cached
-    if not cached.ready:
-        async with cached.lock:
-            if not cached.ready:
-                async with cached.engine.begin() as conn:
-                    await conn.run_sync(metadata.create_all)
-                cached.ready = True
-    return cached.engine
+_ENGINES = EngineCache(metadata, "create_ticket")
+_engine_for = _ENGINES.get
 
 
 async def dispose_ticket_engines() -> None:
     """Close every cached engine (for tests and shutdown)."""
-    cached = list(_ENGINES.values())
-    _ENGINES.clear()
-    loop = asyncio.get_running_loop()
-    for entry in cached:
-        if entry.loop is loop:
-            await entry.engine.dispose()
-        else:
-            entry.engine.sync_engine.dispose(close=False)
+    await _ENGINES.dispose()
 
 
 async def _find(engine: AsyncEngine, key: str) -> sa.Row | None:
