@@ -111,11 +111,13 @@ class Delivery:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def deliver(self, thread_id: str) -> int:
+    async def deliver(self, thread_id: str, *, under: str | None = None) -> int:
         """Show what ``thread_id`` still has to show; how many posts and updates it made.
 
         0 when another owner holds the thread's lease: the holder delivers when done.
-        A Slack error stops the pass where it happened (logged; retried later).
+        ``under``: the owner of the lease the caller holds (this process's runner, before
+        a tool runs); the pass runs under that lease and leaves it. A Slack error stops
+        the pass where it happened (logged; retried later).
         """
         async with self._exclusive(thread_id):
             events = await self.store.select_events(thread_id)
@@ -123,8 +125,12 @@ class Delivery:
                 return 0
             info = await self.store.get_thread(thread_id)
             now = self.clock()
-            held = info.lease_owner == self.owner and (info.lease_expires_at or now) > now
-            if not await self.store.acquire_lease(thread_id, self.owner, self.lease_ttl, now=now):
+            live = info.lease_owner is not None and (info.lease_expires_at or now) > now
+            runner_holds = live and under is not None and info.lease_owner == under
+            held = runner_holds or (live and info.lease_owner == self.owner)
+            if not runner_holds and not await self.store.acquire_lease(
+                thread_id, self.owner, self.lease_ttl, now=now
+            ):
                 log.debug("thread leased elsewhere thread_id=%s", thread_id)
                 # A live holder shows it when done; a dead one (a crash) holds the lease
                 # until it expires: look again then, or nothing shows an idle thread.

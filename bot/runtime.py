@@ -144,7 +144,14 @@ async def _background(
         approvers=sorted(settings.approvers.approvers),
         lease_ttl=settings.runner.lease_ttl_s,
     )
-    runner = Runner(store, model, REGISTRY, settings.runner, owner=owner)
+    runner = Runner(
+        store,
+        model,
+        REGISTRY,
+        settings.runner,
+        owner=owner,
+        before_tool=lambda thread_id: delivery.deliver(thread_id, under=owner),
+    )
     worker = Worker(
         runner,
         interval=settings.sweep_seconds,

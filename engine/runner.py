@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -90,6 +90,7 @@ class Runner:
         *,
         clock: Clock = ev.utcnow,
         owner: str | None = None,
+        before_tool: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self.store = store
         self.model = model
@@ -97,6 +98,10 @@ class Runner:
         self.config = config or RunnerConfig()
         self.clock = clock
         self.owner = owner or worker_id()
+        # Called with the thread id, under this runner's lease, once a tool call is
+        # recorded as started and before it runs: the front door shows what is about to
+        # happen (an approved card, the call) rather than after a long tool returns.
+        self.before_tool = before_tool
 
     async def run(self, thread_id: str) -> ThreadState | None:
         """Run the thread until it rests; None if another worker holds it."""
@@ -338,6 +343,11 @@ class _Turn:
         """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
         if self.lost.is_set():
             return  # the new owner re-runs this attempt's successor with the same key
+        if self.r.before_tool is not None:
+            try:
+                await self.r.before_tool(self.thread_id)
+            except Exception:  # showing progress never stops the work
+                log.warning("before_tool hook failed thread_id=%s", self.thread_id, exc_info=True)
         tool = self.r.tools.get(call.intent)
         ctx = ToolContext(
             thread_id=self.thread_id,

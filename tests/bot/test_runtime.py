@@ -3,6 +3,7 @@ signed HTTP requests in, the fake Slack Web API and the fake Messages API out.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -105,3 +106,51 @@ async def _wait_posted(slack: FakeSlack, text: str) -> None:
             "chat.postMessage", count=len(slack.calls_to("chat.postMessage")) + 1, timeout=10
         )
     raise AssertionError(f"{text!r} was never posted")
+
+
+async def test_the_card_shows_the_approval_before_the_tool_and_the_answer(runtime, fakes):
+    """After Approve, the card is updated as soon as the call starts, not when the thread
+    next rests: here the model takes 3 s to answer after the tool, and the card says
+    who approved well before the answer arrives."""
+    slack, claude = fakes
+    claude.tool_use("create_ticket", {"title": "Disk full on db-2"}, text="Filing it.")
+    claude.text("Filed.", delay=3.0)
+    slack.add_message(CHANNEL, f"<@{BOT_USER_ID}> file it", user="U_ALICE", ts=ROOT_TS)
+    async with TestClient(TestServer(web_app(runtime))) as client:
+        mention = app_mention_event(
+            user="U_ALICE", text=f"<@{BOT_USER_ID}> file it", channel=CHANNEL, ts=ROOT_TS
+        )
+        assert await post(client, mention) == 200
+        (card,) = [
+            c for c in await slack.wait_for("chat.postMessage", count=2, timeout=15)
+            if APPROVE_ACTION in str(c.params.get("blocks"))
+        ]  # fmt: skip
+        blocks = card.params["blocks"]
+        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+        value = next(
+            e["value"]
+            for b in blocks
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["action_id"] == APPROVE_ACTION
+        )
+        card_ts = next(m["ts"] for m in slack.thread(CHANNEL, ROOT_TS) if m.get("blocks") == blocks)
+        click = block_actions_payload(
+            user="U_BOB",
+            action_id=APPROVE_ACTION,
+            value=value,
+            channel=CHANNEL,
+            message_ts=card_ts,
+            thread_ts=ROOT_TS,
+        )
+        assert await post(client, click) == 200
+        for _ in range(50):
+            updates = slack.calls_to("chat.update")
+            if any(u.params.get("ts") == card_ts and "U_BOB" in str(u.params) for u in updates):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the card was not updated before the answer")
+        posts = slack.calls_to("chat.postMessage")
+        assert not any("Filed." in str(c.params.get("text")) for c in posts)  # not yet
+        await _wait_posted(slack, "Filed.")
