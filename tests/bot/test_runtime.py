@@ -4,7 +4,6 @@ signed HTTP requests in, the fake Slack Web API and the fake Messages API out.""
 from __future__ import annotations
 
 import asyncio
-import json
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -14,7 +13,6 @@ from tests.fakes.slack import (
     BOT_USER_ID,
     FakeSlack,
     app_mention_event,
-    block_actions_payload,
     signed,
     url_verification,
 )
@@ -61,24 +59,7 @@ async def test_mention_to_approval_to_answer_through_slack(runtime, fakes):
             c for c in await slack.wait_for("chat.postMessage", count=2, timeout=15)
             if APPROVE_ACTION in str(c.params.get("blocks"))
         ]  # fmt: skip
-        blocks = card.params["blocks"]
-        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
-        button = next(
-            e
-            for b in blocks
-            if b["type"] == "actions"
-            for e in b["elements"]
-            if e["action_id"] == APPROVE_ACTION
-        )
-        card_ts = next(m["ts"] for m in slack.thread(CHANNEL, ROOT_TS) if m.get("blocks") == blocks)
-        click = block_actions_payload(
-            user="U_BOB",
-            action_id=APPROVE_ACTION,
-            value=button["value"],
-            channel=CHANNEL,
-            message_ts=card_ts,
-            thread_ts=ROOT_TS,
-        )
+        click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=ROOT_TS)
         assert await post(client, click) == 200
 
         # The card is updated in place naming the reviewer; the answer is posted.
@@ -125,24 +106,8 @@ async def test_the_card_shows_the_approval_before_the_tool_and_the_answer(runtim
             c for c in await slack.wait_for("chat.postMessage", count=2, timeout=15)
             if APPROVE_ACTION in str(c.params.get("blocks"))
         ]  # fmt: skip
-        blocks = card.params["blocks"]
-        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
-        value = next(
-            e["value"]
-            for b in blocks
-            if b["type"] == "actions"
-            for e in b["elements"]
-            if e["action_id"] == APPROVE_ACTION
-        )
-        card_ts = next(m["ts"] for m in slack.thread(CHANNEL, ROOT_TS) if m.get("blocks") == blocks)
-        click = block_actions_payload(
-            user="U_BOB",
-            action_id=APPROVE_ACTION,
-            value=value,
-            channel=CHANNEL,
-            message_ts=card_ts,
-            thread_ts=ROOT_TS,
-        )
+        click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=ROOT_TS)
+        card_ts = click["container"]["message_ts"]
         assert await post(client, click) == 200
         for _ in range(50):
             updates = slack.calls_to("chat.update")

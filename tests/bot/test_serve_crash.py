@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from bot.blocks import APPROVE_ACTION
 from tests.bot.test_cli import KEY, ROOT, SECRETS, _free_port, _http, _post, fakes_in_a_thread
-from tests.fakes.slack import BOT_USER_ID, app_mention_event, block_actions_payload, signed
+from tests.fakes.slack import BOT_USER_ID, app_mention_event, signed
 
 pytestmark = pytest.mark.slow
 
@@ -137,26 +137,7 @@ def test_a_card_posted_before_a_kill_is_approved_after_the_restart(tmp_path: Pat
         second = serve(db, claude.url, slack.url, None, port=port, OPSLOOP_TICKETS_URL=tickets)
         try:
             _wait_healthy(second, port)
-            blocks = card.params["blocks"]
-            blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
-            value = next(
-                e["value"]
-                for b in blocks
-                if b["type"] == "actions"
-                for e in b["elements"]
-                if e["action_id"] == APPROVE_ACTION
-            )
-            card_ts = next(
-                m["ts"] for m in slack.thread(channel, root) if m.get("blocks") == blocks
-            )
-            click = block_actions_payload(
-                user="U_BOB",
-                action_id=APPROVE_ACTION,
-                value=value,
-                channel=channel,
-                message_ts=card_ts,
-                thread_ts=root,
-            )
+            click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=root)
             assert _send(port, click) == 200
             assert _send(port, click) == 200  # a double click changes nothing
             _wait_call(slack, second, lambda c: "Filed the ticket." in str(c.params))

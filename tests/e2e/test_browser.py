@@ -98,11 +98,14 @@ def button(pane, action_id: str) -> object:
     return pane.locator(f'[data-testid="block-button"][data-action-id="{action_id}"]').last
 
 
-def click_through_confirm(page, target) -> None:
-    target.click()
-    confirm = page.get_by_test_id("confirm-ok")
-    if confirm.is_visible():
-        confirm.click()
+def approve(page, pane) -> None:
+    """bob clicks Approve and confirms in the dialog the card's button asks for."""
+    button(pane, APPROVE_ACTION).click()
+    dialog = page.get_by_test_id("confirm-dialog")
+    dialog.wait_for()
+    assert "Run deploy?" in page.get_by_test_id("confirm-title").inner_text()
+    page.get_by_test_id("confirm-ok").click()
+    dialog.wait_for(state="hidden")
 
 
 def bot_says(pane, text: str) -> None:
@@ -111,17 +114,17 @@ def bot_says(pane, text: str) -> None:
 
 def test_a_deploy_is_approved_by_bob_and_the_answer_arrives(page, tmp_path: Path) -> None:
     pane = ask(page, "deploy api to staging")
-    approve = button(pane, APPROVE_ACTION)
-    approve.wait_for()
+    approve_button = button(pane, APPROVE_ACTION)
+    approve_button.wait_for()
     assert button(pane, REJECT_ACTION).get_attribute("data-style") == "danger"
-    assert approve.get_attribute("data-style") == "primary"
+    assert approve_button.get_attribute("data-style") == "primary"
 
     be(page, BOB)
     shots = Path(os.environ.get("OPSLOOP_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shots / "local-approval.png"))
 
-    click_through_confirm(page, button(pane, APPROVE_ACTION))
+    approve(page, pane)
     bot_says(pane, "Deployed api")
     # The card is updated in place: no buttons left, bob named as the reviewer.
     assert button(pane, APPROVE_ACTION).count() == 0
@@ -132,7 +135,7 @@ def test_a_rejection_with_a_reason_is_what_the_bot_answers(page) -> None:
     pane = ask(page, "deploy api version 9.9.9 to production")
     button(pane, APPROVE_ACTION).wait_for()
     be(page, BOB)
-    click_through_confirm(page, button(pane, REJECT_ACTION))
+    button(pane, REJECT_ACTION).click()  # no confirm: the modal asks for a reason
     modal = page.get_by_test_id("modal")
     modal.wait_for()
     modal.get_by_test_id("modal-input").first.fill("change freeze until Monday")
@@ -149,7 +152,7 @@ def test_a_clarification_is_answered_in_the_thread(page) -> None:
     pane.get_by_test_id("thread-composer-send").click()
     button(pane, APPROVE_ACTION).wait_for()
     be(page, BOB)
-    click_through_confirm(page, button(pane, APPROVE_ACTION))
+    approve(page, pane)
     bot_says(pane, "Deployed billing")
 
 

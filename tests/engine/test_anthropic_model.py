@@ -49,6 +49,13 @@ def prompt(system: str | list[dict] = "You are opsloop.", messages=HELLO, tools=
     return Prompt(system=system, messages=messages, tools=tools)
 
 
+async def step_error(model: AnthropicModel, request: Prompt | None = None) -> ModelError:
+    """The ModelError that ``model.next_step`` raises (the test fails if it returns)."""
+    with pytest.raises(ModelError) as caught:
+        await model.next_step(request or prompt())
+    return caught.value
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """No ambient credentials, profile, base URL or model leak into these tests."""
@@ -195,9 +202,8 @@ ERRORS = [
 @pytest.mark.parametrize(("status", "etype", "headers", "retryable", "after", "words"), ERRORS)
 async def test_api_errors_are_mapped(fake, model, status, etype, headers, retryable, after, words):
     fake.error(status, etype, "Something happened.", headers=headers)
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(prompt())
-    err = caught.value
+    error = await step_error(model)
+    err = error
     assert err.retryable is retryable
     assert err.retry_after == after
     assert words in str(err)
@@ -208,9 +214,8 @@ async def test_api_errors_are_mapped(fake, model, status, etype, headers, retrya
 
 async def test_bad_request_carries_the_first_line_of_the_api_message_truncated(fake, model):
     fake.error(400, "invalid_request_error", "messages.1: " + "x" * 400 + "\nsecond line")
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(prompt())
-    text = str(caught.value)
+    error = await step_error(model)
+    text = str(error)
     assert text.startswith("the request was rejected (400 invalid_request_error): messages.1: x")
     assert "second line" not in text
     api_part = text.split(": ", 1)[1].split(" [request-id")[0]
@@ -222,31 +227,28 @@ async def test_unknown_model_is_not_retryable_and_names_the_setting():
         client = AsyncAnthropic(api_key=FAKE_API_KEY, base_url=strict.url, max_retries=0)
         model = AnthropicModel(client, model="claude-nope-1")
         try:
-            with pytest.raises(ModelError) as caught:
-                await model.next_step(prompt())
+            error = await step_error(model)
         finally:
             await model.close()
         strict.assert_clean()
-    assert caught.value.retryable is False
-    assert "model 'claude-nope-1' not found (404 not_found_error)" in str(caught.value)
-    assert "OPSLOOP_MODEL" in str(caught.value)
+    assert error.retryable is False
+    assert "model 'claude-nope-1' not found (404 not_found_error)" in str(error)
+    assert "OPSLOOP_MODEL" in str(error)
 
 
 async def test_a_404_that_is_not_the_api_points_at_the_base_url(fake, model):
     fake.error(404, "", "", raw="<html><body>Not Found</body></html>")
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(prompt())
-    assert caught.value.retryable is False
-    assert f"no Anthropic Messages API at {fake.url}/v1/messages (404)" in str(caught.value)
-    assert "ANTHROPIC_BASE_URL" in str(caught.value)
+    error = await step_error(model)
+    assert error.retryable is False
+    assert f"no Anthropic Messages API at {fake.url}/v1/messages (404)" in str(error)
+    assert "ANTHROPIC_BASE_URL" in str(error)
 
 
 async def test_a_proxy_page_on_502_is_retryable(fake, model):
     fake.error(502, "", "", raw="Bad Gateway\n<html>…</html>")
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(prompt())
-    assert caught.value.retryable is True
-    assert "failed (502): Bad Gateway" in str(caught.value)
+    error = await step_error(model)
+    assert error.retryable is True
+    assert "failed (502): Bad Gateway" in str(error)
 
 
 async def test_a_spent_spend_limit_is_not_retried(fake, model):
@@ -257,22 +259,20 @@ async def test_a_spent_spend_limit_is_not_retried(fake, model):
         retry_after=60,
         details={"error_code": "enforced_spend_limit_reached"},
     )
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(prompt())
-    assert caught.value.retryable is False
-    assert caught.value.retry_after is None
-    assert "spend limit" in str(caught.value)
+    error = await step_error(model)
+    assert error.retryable is False
+    assert error.retry_after is None
+    assert "spend limit" in str(error)
 
 
 async def test_an_invalid_key_is_not_retryable_and_never_shown(fake):
     client = AsyncAnthropic(api_key=SECRET_KEY, base_url=fake.url, max_retries=0)
     model = AnthropicModel(client)
     try:
-        with pytest.raises(ModelError) as caught:
-            await model.next_step(prompt())
+        error = await step_error(model)
     finally:
         await model.close()
-    err = caught.value
+    err = error
     assert err.retryable is False
     text = f"{err} {err!r} {err.args}"
     assert "S3cr3t" not in text and "sk-ant" not in text
@@ -286,13 +286,12 @@ async def test_a_key_echoed_back_by_the_api_is_scrubbed():
         model = AnthropicModel(AsyncAnthropic(api_key=SECRET_KEY, base_url=fake.url))
         fake.error(403, "permission_error", f"key {SECRET_KEY} may not use this model")
         try:
-            with pytest.raises(ModelError) as caught:
-                await model.next_step(prompt())
+            error = await step_error(model)
         finally:
             await model.close()
         fake.assert_clean()
-    assert "S3cr3t" not in str(caught.value)
-    assert "key [redacted] may not use this model" in str(caught.value)
+    assert "S3cr3t" not in str(error)
+    assert "key [redacted] may not use this model" in str(error)
 
 
 async def test_connection_refused_is_retryable():
@@ -304,13 +303,12 @@ async def test_connection_refused_is_retryable():
     )
     model = AnthropicModel(client)
     try:
-        with pytest.raises(ModelError) as caught:
-            await model.next_step(prompt())
+        error = await step_error(model)
     finally:
         await model.close()
-    assert caught.value.retryable is True
-    assert caught.value.retry_after is None
-    assert f"could not reach the Anthropic API at http://127.0.0.1:{port}" in str(caught.value)
+    assert error.retryable is True
+    assert error.retry_after is None
+    assert f"could not reach the Anthropic API at http://127.0.0.1:{port}" in str(error)
 
 
 async def test_a_timeout_is_retryable(fake):
@@ -318,12 +316,11 @@ async def test_a_timeout_is_retryable(fake):
     model = AnthropicModel(client)
     fake.text("too late", delay=2.0)
     try:
-        with pytest.raises(ModelError) as caught:
-            await model.next_step(prompt())
+        error = await step_error(model)
     finally:
         await model.close()
-    assert caught.value.retryable is True
-    assert "did not answer in time (timeout 0.2 s)" in str(caught.value)
+    assert error.retryable is True
+    assert "did not answer in time (timeout 0.2 s)" in str(error)
 
 
 async def test_sdk_retries_are_off_even_on_a_client_that_has_them(fake):
@@ -342,12 +339,11 @@ async def test_sdk_retries_are_off_even_on_a_client_that_has_them(fake):
 async def test_no_credentials_at_all_is_a_clear_error(fake):
     model = AnthropicModel(AsyncAnthropic(base_url=fake.url, max_retries=0))
     try:
-        with pytest.raises(ModelError) as caught:
-            await model.next_step(prompt())
+        error = await step_error(model)
     finally:
         await model.close()
-    assert caught.value.retryable is False
-    assert "ANTHROPIC_API_KEY" in str(caught.value)
+    assert error.retryable is False
+    assert "ANTHROPIC_API_KEY" in str(error)
     assert fake.requests == []
 
 
@@ -511,10 +507,9 @@ def test_the_fake_refuses_what_the_api_refuses(changes, problem):
 
 async def test_a_refused_request_is_a_400_and_a_recorded_violation(fake, model):
     bad = prompt(messages=[{"role": "assistant", "content": [_text("I start")]}])
-    with pytest.raises(ModelError) as caught:
-        await model.next_step(bad)
-    assert caught.value.retryable is False
-    assert "rejected (400 invalid_request_error): messages: first message" in str(caught.value)
+    error = await step_error(model, bad)
+    assert error.retryable is False
+    assert "rejected (400 invalid_request_error): messages: first message" in str(error)
     assert fake.violations and "first message must use" in fake.violations[0]
     with pytest.raises(AssertionError, match="requests the real API would refuse"):
         fake.assert_clean()

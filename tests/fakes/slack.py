@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from typing import Any
 
 from aiohttp import web
@@ -171,6 +172,32 @@ class FakeSlack(WebApi):
     def thread(self, channel: str, ts: str) -> list[dict[str, Any]]:
         """The root message ``ts`` and its replies, in order."""
         return self.workspace.thread(channel, ts)
+
+    def click_on(
+        self, post: Call, action_id: str, *, user: str, thread_ts: str | None = None
+    ) -> dict[str, Any]:
+        """A click by ``user`` on the ``action_id`` button of the message ``post`` made
+        (found in the channel as Slack shows it): the ``block_actions`` payload."""
+        channel = str(post.params["channel"])
+        blocks = post.params["blocks"]
+        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+        value = next(
+            e["value"]
+            for b in blocks
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["action_id"] == action_id
+        )
+        shown = self.thread(channel, thread_ts) if thread_ts else self.messages.get(channel, [])
+        ts = next(m["ts"] for m in shown if m.get("blocks") == blocks)
+        return block_actions_payload(
+            user=user,
+            action_id=action_id,
+            value=value,
+            channel=channel,
+            message_ts=ts,
+            thread_ts=thread_ts,
+        )
 
     def posted(self, channel: str | None = None) -> list[dict[str, Any]]:
         """The messages the bot posted (and still shows), in ts order."""
