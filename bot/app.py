@@ -299,10 +299,9 @@ def _register(app: AsyncApp, d: _Deps) -> None:
     async def on_message(ack: Any, body: dict[str, Any], context: Any) -> None:
         event = body.get("event") or {}
         kind = p.message_kind(event, context.bot_user_id)
-        if kind == "dm" or (
-            kind == "reply" and await d.store.find_thread(p.thread_key(body)) is not None
-        ):
-            await _store_message(d, body, context.bot_user_id)
+        if kind in ("dm", "reply"):
+            # A reply counts only in a thread the bot owns; a DM starts one.
+            await _store_message(d, body, context.bot_user_id, start=kind == "dm")
         await ack()  # everything else is deliberately ignored, with a 200
 
     @app.event("app_home_opened")
@@ -499,17 +498,24 @@ def _register(app: AsyncApp, d: _Deps) -> None:
 # --- what the listeners do ----------------------------------------------------------------
 
 
-async def _store_message(d: _Deps, body: dict[str, Any], bot_user_id: str | None) -> None:
-    """A person's message as a ``user_message`` (or the answer to an open question)."""
+async def _store_message(
+    d: _Deps, body: dict[str, Any], bot_user_id: str | None, *, start: bool = True
+) -> None:
+    """A person's message as a ``user_message`` (or the answer to an open question).
+    ``start``: a message outside any thread of ours starts one; else it is ignored."""
     event = body.get("event") or {}
-    done = await post_user_message(
-        d.store,
-        p.thread_key(body),
-        text=p.mention_text(event.get("text"), bot_user_id),
-        user=str(event["user"]),
-        dedupe_key=p.message_dedupe_key(event),
-        source=p.message_source(body),
-    )
+    try:
+        done = await post_user_message(
+            d.store,
+            p.thread_key(body),
+            text=p.mention_text(event.get("text"), bot_user_id),
+            user=str(event["user"]),
+            dedupe_key=p.message_dedupe_key(event),
+            source=p.message_source(body),
+            start=start,
+        )
+    except ThreadNotFound:
+        return  # a reply in a thread that is not ours
     d.wake(done.thread_id)
 
 

@@ -96,10 +96,7 @@ class Runtime:
     thread: LoopThread
     background: Background
     priority: AnswersFirst
-
-    def kick(self, thread_id: str) -> None:
-        """Wake the worker for ``thread_id`` (from any thread)."""
-        self.thread.call(self.background.worker.kick, thread_id)
+    kick: Callable[[str], None]  # wakes the worker for a thread, from any thread
 
     def start(self) -> None:
         """Start the worker (the scheduler's first sweep resumes what a dead process
@@ -177,7 +174,7 @@ async def start_runtime(
     worker loop) replaces Claude from the environment (``opsloop local``'s offline model)."""
     modules = load_tools(settings.tools)
     # The serving thread gets the interpreter within 1 ms of wanting it (default 5 ms)
-    # while the worker thread computes: an ack is a dozen such hand-overs.
+    # while the worker thread computes: each database answer is such a hand-over.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     thread = LoopThread()
     priority = AnswersFirst(thread)
@@ -199,17 +196,21 @@ async def start_runtime(
     )
     log.info("database: %s", store.config.display())
     client = AsyncWebClient(token=token, base_url=slack_api_url())
-    runtime = Runtime(store, client, None, thread, background, priority)  # type: ignore[arg-type]
-    runtime.bolt = build_app(
+
+    def kick(thread_id: str) -> None:
+        """Wake the worker for ``thread_id`` (callable from any thread)."""
+        thread.call(background.worker.kick, thread_id)
+
+    bolt = build_app(
         store=store,
         token=token,
         signing_secret=signing_secret,
         client=client,
         approvers=settings.approvers,
-        kick=runtime.kick,
+        kick=kick,
         groups=Reviewers(client),
     )
-    return runtime
+    return Runtime(store, client, bolt, thread, background, priority, kick)
 
 
 def web_app(runtime: Runtime) -> web.Application:

@@ -65,9 +65,11 @@ async def post_user_message(
     user: str,
     dedupe_key: str | None = None,
     source: dict[str, Any] | None = None,
+    start: bool = True,
 ) -> Accepted:
-    """A person wrote in the thread at ``key`` (created if new). While the thread waits
-    for a clarification, the message is the answer."""
+    """A person wrote in the thread at ``key``, created if new (``ThreadNotFound``
+    instead, writing nothing, when ``start`` is false). While the thread waits for a
+    clarification, the message is the answer."""
 
     def build(state: ThreadState) -> ev.Event:
         if state.status == "awaiting_reply" and state.question is not None:
@@ -80,7 +82,7 @@ async def post_user_message(
         return ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)
 
     async def once() -> Accepted:
-        thread_id, done = await store.append_input(key, build, dedupe_key=dedupe_key)
+        thread_id, done = await store.append_input(key, build, dedupe_key=dedupe_key, start=start)
         return Accepted(thread_id, done.events[0], done.deduplicated)
 
     return await _retrying(once)

@@ -105,9 +105,10 @@ class Store:
         self._fast: pg_fast.Connections | None = None
         # SQLite only: one thread and connection that runs each hot write in one hop.
         self._writer: sqlite_fast.Writer | None = None
-        # SQLite has one writer at a time. Our writers queue here, in order, instead of
-        # in SQLite's busy handler, which sleeps up to 100 ms between tries; other
-        # processes still meet the busy timeout. Reads take no lock (WAL snapshots).
+        # SQLite's writes that do not go through ``_writer`` (a snapshot every 200
+        # events, an append without the caller's state) queue here, in order, rather
+        # than in SQLite's busy handler, which sleeps up to 100 ms between tries.
+        # Reads take no lock (WAL snapshots).
         self._writes = asyncio.Lock() if config.dialect == "sqlite" else None
         self._reader = engine.execution_options(opsloop_read_only=True)
 
@@ -399,10 +400,12 @@ class Store:
         *,
         dedupe_key: str | None = None,
         now: datetime | None = None,
+        start: bool = True,
     ) -> tuple[str, Appended]:
-        """Store the input ``build(state)`` in the thread at ``key`` (created if new): what
-        a front door does before it answers. An input whose ``dedupe_key`` is stored
-        already returns the stored event and writes nothing.
+        """Store the input ``build(state)`` in the thread at ``key`` (created if new, or
+        ``ThreadNotFound`` when ``start`` is false): what a front door does before it
+        answers. An input whose ``dedupe_key`` is stored already returns the stored
+        event and writes nothing.
 
         The reads come first, outside any write lock; the write is the guarded append,
         so a writer that moved the thread meanwhile makes it ``ConcurrencyConflict``
@@ -410,6 +413,8 @@ class Store:
         """
         now = now or utcnow()
         thread_id = await self.find_thread(key)
+        if thread_id is None and not start:
+            raise ThreadNotFound(f"no thread at {key.channel}/{key.root_ts}")
         if thread_id is None and (self._writer is not None or self._fast is not None):
             return await self._append_new_thread(key, build, now)
         if thread_id is not None:

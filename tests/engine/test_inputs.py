@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from engine import events as ev
+from engine.errors import ThreadNotFound
 from engine.inputs import (
     Accepted,
     Refused,
@@ -87,6 +89,15 @@ async def test_post_user_message_creates_the_thread_and_dedupes(store: Store) ->
     assert (await store.load(first.thread_id)).requester == REQ
 
 
+async def test_a_message_that_may_not_start_a_thread_needs_one(store: Store) -> None:
+    with pytest.raises(ThreadNotFound):
+        await post_user_message(store, key("9.0"), text="hi", user=REQ, start=False)
+    assert await store.list_threads() == []  # nothing written
+    tid = await started_thread(store, "9.0")
+    done = await post_user_message(store, key("9.0"), text="and?", user=REQ, start=False)
+    assert done.thread_id == tid and done.event.type == "user_message"
+
+
 async def test_concurrent_redeliveries_store_one_message(store: Store, db_url: str) -> None:
     stores = [await Store.open(db_url, create=False, pool_size=1) for _ in range(5)]
     try:
@@ -134,17 +145,22 @@ async def test_answer_clarification_answers_the_open_question(store: Store) -> N
 # --- approvals ------------------------------------------------------------------------
 
 
+async def decide(store: Store, thread_id: str, **overrides: Any) -> Accepted | Refused:
+    """``decide_approval`` as the card's reviewer clicks Approve on the pending call;
+    ``overrides`` change one thing at a time."""
+    click: dict[str, Any] = {
+        "tool_call_id": CALL,
+        "reviewer": "U0REVIEW",
+        "decision": "approve",
+        "policy": OPEN,
+        "arguments_hash": HASH,
+    }
+    return await decide_approval(store, thread_id, **{**click, **overrides})
+
+
 async def test_approve(store: Store) -> None:
     tid = await awaiting_approval(store)
-    done = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0REVIEW",
-        decision="approve",
-        policy=OPEN,
-        arguments_hash=HASH,
-    )
+    done = await decide(store, tid)
     assert isinstance(done, Accepted)
     assert isinstance(done.event, ev.ApprovalGranted) and done.event.actor == "U0REVIEW"
     state = await store.load(tid)
@@ -154,15 +170,7 @@ async def test_approve(store: Store) -> None:
 
 async def test_reject_with_reason(store: Store) -> None:
     tid = await awaiting_approval(store)
-    done = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0REVIEW",
-        decision="reject",
-        policy=OPEN,
-        reason="change freeze until Monday",
-    )
+    done = await decide(store, tid, decision="reject", reason="change freeze until Monday")
     assert isinstance(done, Accepted) and isinstance(done.event, ev.ApprovalRejected)
     assert done.event.reason == "change freeze until Monday"
     state = await store.load(tid)
@@ -181,25 +189,13 @@ async def test_second_click_is_refused_naming_the_first_decider(
     store: Store, first: str, second: str, verdict: str
 ) -> None:
     tid = await awaiting_approval(store)
-    won = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0FIRST",
-        decision=first,
-        policy=OPEN,
-        dedupe_key="1700000001.000001",
+    won = await decide(
+        store, tid, reviewer="U0FIRST", decision=first, dedupe_key="1700000001.000001"
     )
     assert isinstance(won, Accepted)
     before = await store.load(tid)
-    lost = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0SECOND",
-        decision=second,
-        policy=OPEN,
-        dedupe_key="1700000002.000002",
+    lost = await decide(
+        store, tid, reviewer="U0SECOND", decision=second, dedupe_key="1700000002.000002"
     )
     assert isinstance(lost, Refused)
     assert re.fullmatch(rf"already {verdict} by U0FIRST at \d\d:\d\d UTC", lost.reason)
@@ -220,13 +216,11 @@ async def test_concurrent_clicks_decide_once(store: Store, db_url: str) -> None:
     try:
         results = await asyncio.gather(
             *(
-                decide_approval(
+                decide(
                     s,
                     tid,
-                    tool_call_id=CALL,
                     reviewer=f"U0REV{i}",
                     decision="approve" if i % 2 else "reject",
-                    policy=OPEN,
                     dedupe_key=f"17000000{i}.0",
                 )
                 for i, s in enumerate(stores)
@@ -249,14 +243,8 @@ async def test_concurrent_clicks_decide_once(store: Store, db_url: str) -> None:
 async def test_unauthorised_reviewer_is_refused_and_audited(store: Store) -> None:
     tid = await awaiting_approval(store)
     before = await store.load(tid)
-    refused = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0RANDOM",
-        decision="approve",
-        policy=STRICT,
-        reviewer_groups=["S0OTHER"],
+    refused = await decide(
+        store, tid, reviewer="U0RANDOM", policy=STRICT, reviewer_groups=["S0OTHER"]
     )
     assert isinstance(refused, Refused) and "approvers list" in refused.reason
     assert isinstance(refused.event, ev.ApprovalRefused)
@@ -268,47 +256,24 @@ async def test_unauthorised_reviewer_is_refused_and_audited(store: Store) -> Non
 
     for reviewer, groups in [(BOSS, []), ("U0MEMBER", [ONCALL])]:
         tid2 = await awaiting_approval(store, ts=f"2.{reviewer}")
-        ok = await decide_approval(
-            store,
-            tid2,
-            tool_call_id=CALL,
-            reviewer=reviewer,
-            decision="approve",
-            policy=STRICT,
-            reviewer_groups=groups,
-        )
+        ok = await decide(store, tid2, reviewer=reviewer, policy=STRICT, reviewer_groups=groups)
         assert isinstance(ok, Accepted) and ok.event.type == "approval_granted"
 
 
 async def test_self_approval_is_refused_unless_allowed(store: Store) -> None:
     tid = await awaiting_approval(store)
     before = await store.load(tid)
-    refused = await decide_approval(
-        store, tid, tool_call_id=CALL, reviewer=REQ, decision="approve", policy=OPEN
-    )
+    refused = await decide(store, tid, reviewer=REQ)
     assert isinstance(refused, Refused) and "self-approval" in refused.reason
     assert same_but_seq(await store.load(tid), before)
-    allowed = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer=REQ,
-        decision="approve",
-        policy=ApproverPolicy(allow_self=True),
-    )
+    allowed = await decide(store, tid, reviewer=REQ, policy=ApproverPolicy(allow_self=True))
     assert isinstance(allowed, Accepted) and allowed.event.actor == REQ
 
 
 async def test_requester_may_withdraw_their_own_call(store: Store) -> None:
     tid = await awaiting_approval(store)
-    done = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer=REQ,
-        decision="reject",
-        policy=STRICT,
-        reason="wrong service",
+    done = await decide(
+        store, tid, reviewer=REQ, decision="reject", policy=STRICT, reason="wrong service"
     )
     assert isinstance(done, Accepted) and done.event.type == "approval_rejected"
 
@@ -316,26 +281,10 @@ async def test_requester_may_withdraw_their_own_call(store: Store) -> None:
 async def test_a_stale_card_is_refused(store: Store) -> None:
     tid = await awaiting_approval(store)
     stale = arguments_hash("deploy", {**ARGS, "env": "prod"})
-    refused = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0REVIEW",
-        decision="approve",
-        policy=OPEN,
-        arguments_hash=stale,
-    )
+    refused = await decide(store, tid, arguments_hash=stale)
     assert isinstance(refused, Refused) and "arguments differ" in refused.reason
     assert (await store.load(tid)).status == "awaiting_approval"
-    ok = await decide_approval(
-        store,
-        tid,
-        tool_call_id=CALL,
-        reviewer="U0REVIEW",
-        decision="approve",
-        policy=OPEN,
-        arguments_hash=HASH,
-    )
+    ok = await decide(store, tid)
     assert isinstance(ok, Accepted)
 
 
@@ -375,22 +324,13 @@ async def test_a_closed_call_is_refused_saying_why(
 ) -> None:
     tid = await awaiting_approval(store)
     await store.append(tid, (await store.load(tid)).last_seq, [closing])
-    refused = await decide_approval(
-        store, tid, tool_call_id=CALL, reviewer="U0REVIEW", decision="approve", policy=OPEN
-    )
+    refused = await decide(store, tid)
     assert isinstance(refused, Refused) and refused.reason.startswith(reason)
 
 
 async def test_an_unknown_call_is_refused(store: Store) -> None:
     tid = await awaiting_approval(store)
-    refused = await decide_approval(
-        store,
-        tid,
-        tool_call_id="toolu_nope",
-        reviewer="U0REVIEW",
-        decision="approve",
-        policy=OPEN,
-    )
+    refused = await decide(store, tid, tool_call_id="toolu_nope")
     assert isinstance(refused, Refused) and "no such call" in refused.reason
     assert isinstance(refused.event, ev.ApprovalRefused)
     assert (await store.load(tid)).status == "awaiting_approval"
