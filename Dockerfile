@@ -22,9 +22,11 @@ COPY tools ./tools
 RUN pip install --no-cache-dir . \
     && rm -rf /src
 
-# The working directory holds the default SQLite file and ./docs for search_docs.
+# The working directory holds the default SQLite file and ./docs for search_docs: the
+# runbook ships there (mount your own Markdown over it).
 WORKDIR /app
-RUN mkdir -p /app/docs && chown -R opsloop:opsloop /app
+COPY docs/*.md ./docs/
+RUN chown -R opsloop:opsloop /app
 USER opsloop
 
 EXPOSE 3000

@@ -1,0 +1,52 @@
+"""`.env.example` lists every setting the code reads, and nothing it does not."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Read by the code but not a setting: the crash tests' fault injection.
+NOT_SETTINGS = {"OPSLOOP_FAULTS"}
+_NAME = re.compile(r'"((?:OPSLOOP|SLACK|ANTHROPIC)_[A-Z_]+|DATABASE_URL|PORT)"')
+
+
+def _read_by_code() -> set[str]:
+    names: set[str] = set()
+    for package in ("bot", "engine", "tools"):
+        for path in (ROOT / package).rglob("*.py"):
+            names.update(_NAME.findall(path.read_text(encoding="utf-8")))
+    return names - NOT_SETTINGS
+
+
+def _in_example() -> set[str]:
+    text = (ROOT / ".env.example").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Z_]+)=", text, flags=re.MULTILINE))
+
+
+def test_env_example_names_every_setting_the_code_reads() -> None:
+    missing = _read_by_code() - _in_example()
+    assert not missing, f"add to .env.example: {sorted(missing)}"
+
+
+def test_env_example_names_nothing_the_code_ignores() -> None:
+    unknown = _in_example() - _read_by_code()
+    assert not unknown, f"not read anywhere: {sorted(unknown)}"
+
+
+def test_readme_does_not_claim_no_tools_load_by_default() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| `OPSLOOP_TOOLS`"))
+    assert "none" not in row and "tools.builtin" in row
+
+
+def test_docker_image_ships_the_runbook_for_search_docs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^COPY docs/\*\.md \./docs/$", dockerfile, flags=re.MULTILINE)
+    assert list((ROOT / "docs").glob("*.md")), "docs/ holds no Markdown to ship"
+
+
+def test_readme_says_what_the_model_receives() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "**What Anthropic receives.**" in readme
+    assert ".venv/bin/opsloop" in readme
