@@ -1,7 +1,14 @@
-"""Settings read from the environment, validated once at startup.
+"""One settings object for the whole process: read once, by the CLI, and passed down.
+
+``load_settings(env)`` reads the environment variables of DESIGN.md into a frozen
+:class:`Settings`. ``ENVIRONMENT`` is the one table of which variable sets which field,
+and :func:`load_settings` is the one place a configuration file plugs in: the file's
+values are the base, the variables that exist are laid over them ("environment
+variables that exist win over the file").
 
 Every problem is a ``ConfigError`` whose message is one line naming the variable, so a
-process that cannot start says why and exits 2 instead of printing a traceback.
+process that cannot start says why and exits 2 instead of printing a traceback. Secrets
+are kept out of ``repr`` so a logged settings object shows none of them.
 """
 
 from __future__ import annotations
@@ -9,79 +16,259 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.db import DEFAULT_DATABASE_URL, parse_database_url
 from engine.errors import ConfigError
 from engine.policy import ApproverPolicy
-from engine.runner import RunnerConfig
 
+DEFAULT_SLACK_API_URL = "https://slack.com/api/"
+DEFAULT_MODEL = "claude-sonnet-5-5"
+DEFAULT_PORT = 3000
 _SLACK_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How the runner paces and bounds a thread (``OPSLOOP_*`` numbers)."""
+
+    lease_ttl_s: float = 30.0
+    approval_ttl_s: float = 24 * 3600.0
+    max_rejections: int = 3
+    max_tool_attempts: int = 5
+    max_model_attempts: int = 6
+    retry_base_s: float = 2.0
+    retry_max_s: float = 600.0
+    max_decisions_per_input: int = 25
+    tool_timeout_s: float = 600.0
+    # Above this estimate the prompt's older turns are compacted into a summary, keeping
+    # the recent ones within half of it.
+    context_budget_tokens: int = 60_000
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential backoff for the retry after failed attempt ``attempt`` (1-based)."""
+        return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class SlackSettings:
+    bot_token: str = field(default="", repr=False)
+    signing_secret: str = field(default="", repr=False)
+    app_token: str = field(default="", repr=False)
+    api_url: str = DEFAULT_SLACK_API_URL
+    webhook_secret: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    api_key: str = field(default="", repr=False)
+    base_url: str | None = None
+    name: str = DEFAULT_MODEL
+    max_tokens: int = 4096
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    modules: tuple[str, ...] = ()
+    docs_dir: str = "docs"
+    tickets_url: str | None = None
+    demo_url: str | None = None
 
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str
-    tools: str | None
-    approvers: ApproverPolicy
-    runner: RunnerConfig
-    sweep_seconds: float
+    database_url: str = DEFAULT_DATABASE_URL
+    approvers: ApproverPolicy = field(default_factory=lambda: ApproverPolicy(frozenset()))
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    sweep_seconds: float = 1.0
+    slack: SlackSettings = field(default_factory=SlackSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    tool: ToolSettings = field(default_factory=ToolSettings)
+    host: str | None = None  # None: the command's default (serve 0.0.0.0, local 127.0.0.1)
+    port: int = DEFAULT_PORT
+    local_state: str | None = None
+
+    @property
+    def tools(self) -> str | None:
+        """``OPSLOOP_TOOLS`` as written (comma-separated), None when empty."""
+        return ",".join(self.tool.modules) or None
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+# --- the variables ------------------------------------------------------------------------
+
+
+class _Environment(BaseModel):
+    """The variables as pydantic validates them; aliases are the variable names."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, alias="DATABASE_URL")
+    tools: str = Field("", alias="OPSLOOP_TOOLS")
+    approvers: str = Field("", alias="OPSLOOP_APPROVERS")
+    allow_self: str = Field("false", alias="OPSLOOP_ALLOW_SELF_APPROVAL")
+    lease_s: float = Field(RunnerConfig.lease_ttl_s, ge=1, alias="OPSLOOP_LEASE_SECONDS")
+    approval_ttl_s: float = Field(
+        RunnerConfig.approval_ttl_s, ge=1, alias="OPSLOOP_APPROVAL_TTL_SECONDS"
+    )
+    max_rejections: int = Field(RunnerConfig.max_rejections, ge=1, alias="OPSLOOP_MAX_REJECTIONS")
+    max_tool_attempts: int = Field(
+        RunnerConfig.max_tool_attempts, ge=1, alias="OPSLOOP_MAX_TOOL_ATTEMPTS"
+    )
+    retry_base_s: float = Field(
+        RunnerConfig.retry_base_s, ge=0.01, alias="OPSLOOP_RETRY_BASE_SECONDS"
+    )
+    tool_timeout_s: float = Field(
+        RunnerConfig.tool_timeout_s, ge=1, alias="OPSLOOP_TOOL_TIMEOUT_SECONDS"
+    )
+    context_budget_tokens: int = Field(
+        RunnerConfig.context_budget_tokens, ge=1000, alias="OPSLOOP_CONTEXT_BUDGET_TOKENS"
+    )
+    sweep_seconds: float = Field(1.0, ge=0.05, alias="OPSLOOP_SWEEP_SECONDS")
+    slack_bot_token: str = Field("", alias="SLACK_BOT_TOKEN")
+    slack_signing_secret: str = Field("", alias="SLACK_SIGNING_SECRET")
+    slack_app_token: str = Field("", alias="SLACK_APP_TOKEN")
+    slack_api_url: str = Field(DEFAULT_SLACK_API_URL, alias="SLACK_API_URL")
+    webhook_secret: str = Field("", alias="OPSLOOP_WEBHOOK_SECRET")
+    anthropic_api_key: str = Field("", alias="ANTHROPIC_API_KEY")
+    anthropic_base_url: str | None = Field(None, alias="ANTHROPIC_BASE_URL")
+    model: str = Field(DEFAULT_MODEL, alias="OPSLOOP_MODEL")
+    max_tokens: int = Field(4096, ge=1, alias="OPSLOOP_MAX_TOKENS")
+    model_timeout_s: float = Field(60.0, gt=0, alias="OPSLOOP_MODEL_TIMEOUT_SECONDS")
+    docs_dir: str = Field("docs", alias="OPSLOOP_DOCS_DIR")
+    tickets_url: str | None = Field(None, alias="OPSLOOP_TICKETS_URL")
+    demo_url: str | None = Field(None, alias="OPSLOOP_DEMO_URL")
+    host: str | None = Field(None, alias="OPSLOOP_HOST")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, alias="PORT")
+    local_state: str | None = Field(None, alias="OPSLOOP_LOCAL_STATE")
+
+    @field_validator("approvers")
+    @classmethod
+    def _approver_ids(cls, raw: str) -> str:
+        ids = [a.strip() for a in raw.split(",") if a.strip()]
+        bad = [a for a in ids if not _SLACK_ID.match(a)]
+        if bad:
+            raise ValueError(
+                f"holds {', '.join(map(repr, bad))}: use Slack user ids (U…, W…) or "
+                "user-group ids (S…), comma-separated"
+            )
+        return ",".join(ids)
+
+    @field_validator("allow_self")
+    @classmethod
+    def _flag(cls, raw: str) -> str:
+        flag = raw.strip().lower()
+        if flag not in _TRUE + _FALSE:
+            raise ValueError(f"must be true or false, not {raw!r}")
+        return flag
+
+    @field_validator("database_url")
+    @classmethod
+    def _database(cls, raw: str) -> str:
+        parse_database_url(raw)  # ConfigError names the problem; re-raised by the caller
+        return raw
+
+
+# Variables read by name elsewhere only for a test's sake (fault injection) are not here.
+ENVIRONMENT: tuple[str, ...] = tuple(
+    str(f.alias) for f in _Environment.model_fields.values() if f.alias
+)
+
+
+def _present(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that are set to something: an empty one counts as unset."""
+    return {k: v.strip() for k, v in env.items() if k in ENVIRONMENT and v.strip()}
+
+
+def _one_line(exc: ValidationError) -> str:
+    """``OPSLOOP_LEASE_SECONDS must be at least 1, not '0'``: the first problem, named."""
+    error = exc.errors(include_url=False)[0]
+    name = str(error["loc"][0]) if error["loc"] else "the settings"
+    given, ctx, kind = error.get("input"), error.get("ctx") or {}, error["type"]
+    if kind.startswith("int_"):
+        message = f"must be a whole number, not {given!r}"
+    elif kind.endswith("_parsing") or kind.endswith("_type"):
+        message = f"must be a number, not {given!r}"
+    elif kind in ("greater_than_equal", "greater_than"):
+        message = f"must be at least {ctx.get('ge', ctx.get('gt'))}, not {given!r}"
+    elif kind in ("less_than_equal", "less_than"):
+        message = f"must be at most {ctx.get('le', ctx.get('lt'))}, not {given!r}"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
+    return " ".join(f"{name} {message}".split())
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, *, file: Mapping[str, str] | None = None
+) -> Settings:
+    """The process's settings from ``env`` (default ``os.environ``).
+
+    ``file`` holds values taken from a configuration file, keyed by the same variable
+    names; a variable that is set wins over it.
+    """
+    values = {**_present(file or {}), **_present(os.environ if env is None else env)}
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, not {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, not {raw!r}")
-    return value
+        raw = _Environment.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    return _settings(raw)
+
+
+def _settings(raw: _Environment) -> Settings:
+    modules = tuple(dict.fromkeys(m.strip() for m in raw.tools.split(",") if m.strip()))
+    return Settings(
+        database_url=raw.database_url,
+        approvers=ApproverPolicy(
+            frozenset(a for a in raw.approvers.split(",") if a), raw.allow_self in _TRUE
+        ),
+        runner=RunnerConfig(
+            lease_ttl_s=raw.lease_s,
+            approval_ttl_s=raw.approval_ttl_s,
+            max_rejections=raw.max_rejections,
+            max_tool_attempts=raw.max_tool_attempts,
+            retry_base_s=raw.retry_base_s,
+            tool_timeout_s=raw.tool_timeout_s,
+            context_budget_tokens=raw.context_budget_tokens,
+        ),
+        sweep_seconds=raw.sweep_seconds,
+        slack=SlackSettings(
+            bot_token=raw.slack_bot_token,
+            signing_secret=raw.slack_signing_secret,
+            app_token=raw.slack_app_token,
+            api_url=raw.slack_api_url,
+            webhook_secret=raw.webhook_secret,
+        ),
+        model=ModelSettings(
+            api_key=raw.anthropic_api_key,
+            base_url=raw.anthropic_base_url,
+            name=raw.model,
+            max_tokens=raw.max_tokens,
+            timeout_s=raw.model_timeout_s,
+        ),
+        tool=ToolSettings(
+            modules=modules,
+            docs_dir=raw.docs_dir,
+            tickets_url=raw.tickets_url,
+            demo_url=raw.demo_url,
+        ),
+        host=raw.host,
+        port=raw.port,
+        local_state=raw.local_state,
+    )
 
 
 def approver_policy(env: Mapping[str, str]) -> ApproverPolicy:
-    ids = [a.strip() for a in env.get("OPSLOOP_APPROVERS", "").split(",") if a.strip()]
-    bad = [a for a in ids if not _SLACK_ID.match(a)]
-    if bad:
-        raise ConfigError(
-            f"OPSLOOP_APPROVERS holds {', '.join(map(repr, bad))}: use Slack user ids "
-            "(U…, W…) or user-group ids (S…), comma-separated"
-        )
-    flag = env.get("OPSLOOP_ALLOW_SELF_APPROVAL", "").strip().lower()
-    if flag not in _TRUE + _FALSE:
-        raise ConfigError(f"OPSLOOP_ALLOW_SELF_APPROVAL must be true or false, not {flag!r}")
-    return ApproverPolicy(frozenset(ids), flag in _TRUE)
+    """Only the reviewer rule, from ``OPSLOOP_APPROVERS`` / ``OPSLOOP_ALLOW_SELF_APPROVAL``."""
+    return load_settings(
+        {k: v for k, v in env.items() if k.startswith(("OPSLOOP_APPROVERS", "OPSLOOP_ALLOW"))}
+    ).approvers
 
 
-def runner_config(env: Mapping[str, str]) -> RunnerConfig:
-    base = RunnerConfig()
-    return RunnerConfig(
-        lease_ttl_s=_number(env, "OPSLOOP_LEASE_SECONDS", base.lease_ttl_s, minimum=1),
-        approval_ttl_s=_number(env, "OPSLOOP_APPROVAL_TTL_SECONDS", base.approval_ttl_s, minimum=1),
-        max_rejections=int(_number(env, "OPSLOOP_MAX_REJECTIONS", base.max_rejections, minimum=1)),
-        max_tool_attempts=int(
-            _number(env, "OPSLOOP_MAX_TOOL_ATTEMPTS", base.max_tool_attempts, minimum=1)
-        ),
-        retry_base_s=_number(env, "OPSLOOP_RETRY_BASE_SECONDS", base.retry_base_s, minimum=0.01),
-        tool_timeout_s=_number(env, "OPSLOOP_TOOL_TIMEOUT_SECONDS", base.tool_timeout_s, minimum=1),
-        context_budget_tokens=int(
-            _number(env, "OPSLOOP_CONTEXT_BUDGET_TOKENS", base.context_budget_tokens, minimum=1000)
-        ),
-    )
-
-
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
-    url = env.get("DATABASE_URL", "").strip() or DEFAULT_DATABASE_URL
-    parse_database_url(url)  # fail early, in one line
-    return Settings(
-        database_url=url,
-        tools=env.get("OPSLOOP_TOOLS") or None,
-        approvers=approver_policy(env),
-        runner=runner_config(env),
-        sweep_seconds=_number(env, "OPSLOOP_SWEEP_SECONDS", 1.0, minimum=0.05),
-    )
+def with_overrides(settings: Settings, **changes: Any) -> Settings:
+    """A copy of ``settings`` with top-level fields replaced (local mode, tests)."""
+    return replace(settings, **changes)

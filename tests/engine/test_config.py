@@ -37,3 +37,74 @@ def test_bad_settings_are_one_line_errors_naming_the_variable(env, needle):
         load_settings(env)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_every_variable_lands_in_one_settings_object():
+    s = load_settings(
+        {
+            "SLACK_BOT_TOKEN": "xoxb-1",
+            "SLACK_SIGNING_SECRET": "sig",
+            "SLACK_APP_TOKEN": "xapp-1",
+            "SLACK_API_URL": "http://127.0.0.1:9/api/",
+            "OPSLOOP_WEBHOOK_SECRET": "hook",
+            "ANTHROPIC_API_KEY": "sk-ant",
+            "ANTHROPIC_BASE_URL": "http://127.0.0.1:8/",
+            "OPSLOOP_MODEL": "claude-x",
+            "OPSLOOP_MAX_TOKENS": "100",
+            "OPSLOOP_MODEL_TIMEOUT_SECONDS": "5",
+            "OPSLOOP_TOOLS": " acme.deploy, tools.demo ,acme.deploy",
+            "OPSLOOP_DOCS_DIR": "/runbooks",
+            "OPSLOOP_HOST": "127.0.0.1",
+            "PORT": "0",
+            "OPSLOOP_SWEEP_SECONDS": "0.5",
+        }
+    )
+    assert (s.slack.bot_token, s.slack.signing_secret, s.slack.app_token) == (
+        "xoxb-1",
+        "sig",
+        "xapp-1",
+    )
+    assert s.slack.api_url == "http://127.0.0.1:9/api/" and s.slack.webhook_secret == "hook"
+    assert (s.model.api_key, s.model.base_url, s.model.name) == (
+        "sk-ant",
+        "http://127.0.0.1:8/",
+        "claude-x",
+    )
+    assert (s.model.max_tokens, s.model.timeout_s) == (100, 5.0)
+    assert s.tool.modules == ("acme.deploy", "tools.demo") and s.tools == "acme.deploy,tools.demo"
+    assert s.tool.docs_dir == "/runbooks"
+    assert (s.host, s.port, s.sweep_seconds) == ("127.0.0.1", 0, 0.5)
+
+
+def test_secrets_never_show_in_the_settings_repr():
+    s = load_settings(
+        {
+            "SLACK_BOT_TOKEN": "xoxb-topsecret",
+            "SLACK_SIGNING_SECRET": "sig-topsecret",
+            "ANTHROPIC_API_KEY": "sk-topsecret",
+            "OPSLOOP_WEBHOOK_SECRET": "hook-topsecret",
+        }
+    )
+    assert "topsecret" not in repr(s)
+
+
+def test_a_set_variable_wins_over_the_file_and_an_empty_one_does_not():
+    s = load_settings(
+        {"OPSLOOP_MAX_REJECTIONS": "7", "OPSLOOP_MODEL": ""},
+        file={"OPSLOOP_MAX_REJECTIONS": "2", "OPSLOOP_MODEL": "claude-from-file"},
+    )
+    assert s.runner.max_rejections == 7
+    assert s.model.name == "claude-from-file"
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ({"OPSLOOP_MAX_TOKENS": "1.5"}, "OPSLOOP_MAX_TOKENS must be a whole number, not '1.5'"),
+        ({"PORT": "70000"}, "PORT must be at most 65535, not '70000'"),
+        ({"OPSLOOP_SWEEP_SECONDS": "fast"}, "OPSLOOP_SWEEP_SECONDS must be a number, not 'fast'"),
+    ],
+)
+def test_number_problems_read_as_a_sentence(env, line):
+    with pytest.raises(ConfigError, match="^" + line.replace(".", r"\.") + "$"):
+        load_settings(env)
