@@ -14,12 +14,14 @@ from tools.errors import (
 )
 from tools.loader import load_tools
 from tools.registry import REGISTRY, Policy, Tool, ToolRegistry, tool
+from tools.schema_tool import SchemaArguments, schema_tool
 from tools.wait import WaitFor
 
 __all__ = [
     "REGISTRY",
     "Policy",
     "RetryableToolError",
+    "SchemaArguments",
     "Tool",
     "ToolContext",
     "ToolDefinitionError",
@@ -28,5 +30,6 @@ __all__ = [
     "ToolRegistry",
     "WaitFor",
     "load_tools",
+    "schema_tool",
     "tool",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +35,31 @@ class Tool:
     args_model: type[BaseModel]
     func: Callable[..., Awaitable[Any]]
     poll: PollFn | None = None
+    # Where it comes from: "module:<module>", "mcp:<server>" or "http" (``opsloop tools``).
+    source: str = ""
+    # May a call interrupted between tool_started and its result simply run again?
+    idempotent: bool = True
+    # Hints the tool's server gave (MCP annotations); never a policy by themselves.
+    annotations: dict[str, Any] = field(default_factory=dict)
     _schema: dict[str, Any] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            self.source = f"module:{getattr(self.func, '__module__', '?')}"
+
+    def use_schema(self, schema: dict[str, Any]) -> None:
+        """Show the model ``schema`` as it is (a tool defined by a JSON Schema)."""
+        self._schema = copy.deepcopy(schema)
+
+    @property
+    def definition_hash(self) -> str:
+        """sha256 of (name, description, input schema): what an approval pins."""
+        canon = json.dumps(
+            [self.name, self.description, self.input_schema()],
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(canon.encode()).hexdigest()
 
     def input_schema(self) -> dict[str, Any]:
         """JSON schema of the arguments, shaped for an Anthropic ``input_schema``.
@@ -151,8 +177,12 @@ def tool(
     policy: Policy = "run_now",
     name: str | None = None,
     registry: ToolRegistry | None = None,
+    idempotent: bool = True,
 ) -> Any:
     """Declare a tool: ``@tool`` or ``@tool(policy=..., name=..., registry=...)``.
+
+    ``idempotent=False``: a call cut off by a crash after it started is not run again
+    without a person saying whether it happened.
 
     Returns the :class:`Tool` (registered in ``registry``, default REGISTRY).
     """
@@ -184,6 +214,7 @@ def tool(
             policy=policy,
             args_model=args_model,
             func=fn,
+            idempotent=idempotent,
         )
         (registry if registry is not None else REGISTRY).register(obj)
         return obj
