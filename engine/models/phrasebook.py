@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,22 @@ TOOL_MODULES = {
 
 _I = re.IGNORECASE
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
-_POLITE = re.compile(r"^(?:please|pls|can you|could you|would you)\s+|\s+please$", _I)
+# Emoji as Slack writes them (":pray:", ":pray::skin-tone-2:") or as typed (🙏🏽): noise
+# around a phrase, like the politeness below.
+_SHORTCODE = re.compile(r":[a-z0-9_+'-]+:")
+_EMOJI_JOINERS = {"\u200d", "\ufe0e", "\ufe0f", "\u20e3"}
+_PLEASE = r"(?:please|pls|plz|kindly)"
+_POLITE_HEAD = re.compile(
+    rf"^(?:(?:hey|hi|hello)\b[\s,]*)?(?:(?:{_PLEASE}|(?:can|could|would|will)\s+you)\b[\s,]*)+",
+    _I,
+)
+_POLITE_TAIL = re.compile(
+    rf"[\s,;:.!?-]*\b(?:{_PLEASE}|thanks?(?:\s+you)?|thx|ty|cheers)(?:\s+(?:a\s+lot|so\s+much))?"
+    r"[\s.!?]*$",
+    _I,
+)
+_END_PUNCTUATION = " .!?,;:"
+ECHO_LIMIT = 200  # characters of a person's words quoted back in an answer
 # How the projection shows what a person said: "[U123] text" (system notes are skipped).
 _SPEAKER = re.compile(r"^\[(?P<actor>[^\]\s]+)\] ?(?P<body>.*)$", re.DOTALL)
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -196,9 +212,33 @@ def _assistant_turns(prompt: Prompt) -> int:
 
 
 def _clean(text: str) -> str:
-    """Without the bot's mention, politeness and end punctuation; spaces collapsed."""
-    text = " ".join(_MENTION.sub(" ", text).split()).strip(" .!")
-    return _POLITE.sub("", text).strip()
+    """Without the bot's mention, emoji, politeness and end punctuation; spaces collapsed.
+
+    Politeness alone ("thanks") stays, so that it is answered as itself."""
+    bare = _flat(_without_emoji(_MENTION.sub(" ", text)))
+    phrase = bare
+    while True:
+        shorter = _POLITE_TAIL.sub("", _POLITE_HEAD.sub("", phrase)).strip(_END_PUNCTUATION)
+        if shorter == phrase:
+            return phrase or bare
+        phrase = shorter
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split()).strip(_END_PUNCTUATION)
+
+
+def _without_emoji(text: str) -> str:
+    text = _SHORTCODE.sub(" ", text)
+    return "".join(
+        " " if unicodedata.category(ch) in ("So", "Sk", "Cs") or ch in _EMOJI_JOINERS else ch
+        for ch in text
+    )
+
+
+def _echo(text: str | None) -> str:
+    """A person's words quoted back: on one line, at most ``ECHO_LIMIT`` characters."""
+    return _cut(text, ECHO_LIMIT)
 
 
 # --- the first step of a request --------------------------------------------------------
@@ -210,7 +250,8 @@ def _start(request: str, tools: set[str | None]) -> _Step:
         return _Step(help_text())
     if m := _LOOKUP.match(text):
         query = m["query"].strip(" ?\"'“”")
-        return _use(tools, "search_docs", {"query": query}, f"Searching the docs for “{query}”.")
+        text = f"Searching the docs for “{_echo(query)}”."
+        return _use(tools, "search_docs", {"query": query}, text)
     if m := _DEPLOY.match(text):
         return _deploy_step(_parse_deploy(m["rest"]), tools)
     if m := _JOB.match(text):
@@ -219,7 +260,7 @@ def _start(request: str, tools: set[str | None]) -> _Step:
         m = pattern.match(text.rstrip("?"))
         if m and m["s"].lower() not in ("check", "health"):
             service = m["s"].lower()
-            return _use(tools, "check_health", {"service": service}, f"Checking {service}.")
+            return _use(tools, "check_health", {"service": service}, f"Checking {_echo(service)}.")
     return _Step(f"I didn't catch “{_cut(text, 80)}”.\n" + help_text(), understood=False)
 
 
@@ -266,7 +307,7 @@ def _parse_deploy(rest: str) -> _DeployRequest:
 def _deploy_step(req: _DeployRequest, tools: set[str | None]) -> _Step:
     if req.unknown_environment:
         return _Step(
-            f"I can deploy to staging or production, not “{req.unknown_environment}”. "
+            f"I can deploy to staging or production, not “{_echo(req.unknown_environment)}”. "
             "Try `deploy api to staging`."
         )
     if req.service is None:
@@ -278,7 +319,7 @@ def _deploy_step(req: _DeployRequest, tools: set[str | None]) -> _Step:
     args: dict[str, Any] = {"service": req.service, "environment": env}
     if req.version:
         args["version"] = req.version
-    what = f"{req.service} {req.version}" if req.version else req.service
+    what = _echo(f"{req.service} {req.version}" if req.version else req.service)
     return _use(tools, "deploy", args, f"Deploying {what} to {env}, once a reviewer approves.")
 
 
@@ -291,7 +332,7 @@ def _job_step(m: re.Match[str], tools: set[str | None]) -> _Step:
             "A demo job runs for 1 to 600 seconds: try `run the backfill job for 20 seconds`."
         )
     name = m["name"]
-    text = f"Starting job {name} for {seconds} s; I'll report back when it is done."
+    text = f"Starting job {_echo(name)} for {seconds} s; I'll report back when it is done."
     return _use(tools, "run_job", {"name": name, "seconds": seconds}, text)
 
 
@@ -359,7 +400,7 @@ def _quote(text: str | None, limit: int = 500) -> str:
 
 
 def _search_summary(call: _Call) -> str:
-    query = call.input.get("query", "")
+    query = _echo(str(call.input.get("query", "")))
     if call.is_error:
         return f"The docs search for “{query}” failed:\n{_quote(call.result)}"
     found = _json(call.result)
@@ -378,8 +419,8 @@ def _search_summary(call: _Call) -> str:
 
 def _deploy_summary(call: _Call) -> str:
     args = call.input
-    what = " ".join(str(x) for x in (args.get("service"), args.get("version")) if x)
-    env = args.get("environment", "staging")
+    what = _echo(" ".join(str(x) for x in (args.get("service"), args.get("version")) if x))
+    env = _echo(str(args.get("environment", "staging")))
     if call.is_error:
         return f"Not deployed: {what} to {env}.\n{_quote(call.result)}"
     out = _json(call.result)
@@ -392,18 +433,18 @@ def _deploy_summary(call: _Call) -> str:
 
 
 def _job_summary(call: _Call) -> str:
-    name = call.input.get("name", "the job")
+    name = _echo(str(call.input.get("name", "the job")))
     if call.is_error:
         return f"Job {name} did not finish:\n{_quote(call.result)}"
     out = _json(call.result)
     status = out.get("status", "finished")
     took = f" after {out['ran_for_s']} s" if "ran_for_s" in out else ""
     why = f": {out['error']}" if out.get("error") else ""
-    return f"Job {out.get('job', name)} {status}{took}{why}."
+    return f"Job {_echo(str(out.get('job', name)))} {status}{took}{why}."
 
 
 def _health_summary(call: _Call) -> str:
-    service = call.input.get("service", "the service")
+    service = _echo(str(call.input.get("service", "the service")))
     if call.is_error:
         return f"Could not check {service}:\n{_quote(call.result)}"
     out = _json(call.result)
@@ -414,4 +455,4 @@ def _health_summary(call: _Call) -> str:
         if isinstance(attempt, int) and attempt > 1
         else ""
     )
-    return f"{out.get('service', service)} is {status}{retried}."
+    return f"{_echo(str(out.get('service', service)))} is {status}{retried}."

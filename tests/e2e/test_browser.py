@@ -159,3 +159,89 @@ def test_a_clarification_is_answered_in_the_thread(page) -> None:
 def test_a_job_wait_completes_and_the_thread_is_told(page) -> None:
     pane = ask(page, "run the backfill job for 2 seconds")
     bot_says(pane, "succeeded")
+
+
+# --- the page at 1024 px with the trace open ------------------------------------------------
+
+NARROW = {"width": 1024, "height": 768}
+MIN_CHANNEL_PX = 260
+
+
+def box(locator) -> dict[str, float]:
+    found = locator.bounding_box()
+    assert found is not None, locator
+    return found
+
+
+def right(b: dict[str, float]) -> float:
+    return b["x"] + b["width"]
+
+
+def test_at_1024_px_the_panes_sit_side_by_side_and_the_trace_reads(page, tmp_path: Path) -> None:
+    """Both at once: one server start keeps the browser tests short."""
+    page.set_viewport_size(NARROW)
+    pane = ask(page, "check health of api")
+    bot_says(pane, "api is healthy")
+    pane.get_by_test_id("trace-toggle").click()
+    trace = page.get_by_test_id("trace-panel")
+    result = trace.locator('[data-testid="trace-event"][data-type="tool_result"]').last
+    result.wait_for()
+    page.screenshot(path=str(tmp_path / "local-1024-trace.png"))
+
+    channel, composer = (
+        box(page.get_by_test_id("channel-pane")),
+        box(page.get_by_test_id("composer")),
+    )
+    thread, panel = box(pane), box(trace)
+    assert channel["width"] >= MIN_CHANNEL_PX, channel
+    assert right(composer) <= thread["x"] + 1 and composer["width"] >= MIN_CHANNEL_PX - 40
+    assert right(thread) <= panel["x"] + 1 and right(panel) <= NARROW["width"] + 1
+    assert min(thread["width"], panel["width"]) >= 260, (thread, panel)
+    # The phrase chips stay in the channel pane: at the thread's left edge, level with
+    # each chip, the thread is what is there.
+    spilled = page.evaluate(
+        """(x) => [...document.querySelectorAll('[data-testid="suggestion"]')].filter((chip) => {
+             const r = chip.getBoundingClientRect();
+             const at = document.elementFromPoint(x, r.top + r.height / 2);
+             return at && chip.contains(at);
+           }).map((chip) => chip.dataset.phrase)""",
+        thread["x"] + 4,
+    )
+    assert spilled == []
+    assert box(page.get_by_test_id("suggestions"))["height"] <= 48  # one row, not a wall
+
+    # message_posted rows are folded behind one "N deliveries" toggle.
+    posted = trace.locator('[data-testid="trace-event"][data-type="message_posted"]')
+    toggle = trace.get_by_test_id("trace-deliveries")
+    # Read in one go: the trace is drawn again whenever the thread changes.
+    label, count, rows, shown = trace.evaluate(
+        """(panel) => {
+             const toggle = panel.querySelector('[data-testid="trace-deliveries"]');
+             const rows = [...panel.querySelectorAll('[data-type="message_posted"]')];
+             return [toggle.innerText.trim(), Number(toggle.dataset.count), rows.length,
+                     rows.filter((row) => row.checkVisibility()).length];
+           }"""
+    )
+    assert count == rows > 0 and shown == 0
+    assert re.fullmatch(rf"{count} deliver(y|ies)", label)
+    toggle.click()
+    posted.first.wait_for()
+    assert toggle.get_attribute("aria-pressed") == "true"
+
+    # A tool result: a summary line, its output as pretty JSON behind a toggle, neutral.
+    assert "healthy" in result.get_by_test_id("trace-summary").inner_text()
+    output = result.get_by_test_id("trace-result-json")
+    assert not output.is_visible()
+    result.get_by_test_id("trace-result-toggle").click()
+    output.wait_for()
+    assert '\n  "status": "healthy"' in output.inner_text()
+    neutral = "rgb(29, 28, 29)"
+    assert output.evaluate("(e) => getComputedStyle(e).color") == neutral
+    # The failed first attempt is marked as an error; its text stays neutral too.
+    failed = trace.locator('[data-testid="trace-event"][data-type="retry_scheduled"]').first
+    assert failed.get_attribute("data-error") == "true"
+    failed.get_by_test_id("trace-error-badge").wait_for()
+    summary = failed.get_by_test_id("trace-summary")
+    assert "health endpoint timed out" in summary.inner_text()
+    assert summary.evaluate("(e) => getComputedStyle(e).color") == neutral
+    page.screenshot(path=str(tmp_path / "local-1024-trace-unfolded.png"))

@@ -138,6 +138,52 @@ async def test_a_phrase_becomes_a_valid_call_of_its_tool(
     assert classify(decision, registry).kind == verdict  # the runner accepts it as is
 
 
+@pytest.mark.parametrize(
+    ("text", "tool", "arguments"),
+    [
+        ("deploy api to staging please 🙏", "deploy", {"service": "api", "environment": "staging"}),
+        ("<@U0BOT> check health of api pls", "check_health", {"service": "api"}),
+        ("can you check health of api?", "check_health", {"service": "api"}),
+        ("could you please look up rollback :pray:", "search_docs", {"query": "rollback"}),
+        (
+            "🚀 run the backfill job for 20 seconds, thanks!",
+            "run_job",
+            {"name": "backfill", "seconds": 20},
+        ),
+        ("is web healthy? 🤔 thank you", "check_health", {"service": "web"}),
+        (
+            "Please deploy api to production :pray::skin-tone-2: thx",
+            "deploy",
+            {"service": "api", "environment": "production"},
+        ),
+    ],
+)
+async def test_emoji_and_politeness_around_a_phrase_are_understood(
+    registry, text, tool, arguments
+) -> None:
+    use = (await decide([user(text)], registry)).tool_use
+    assert use is not None and (use.name, use.input) == (tool, arguments)
+
+
+async def test_politeness_alone_is_not_mistaken_for_a_phrase(registry) -> None:
+    answer = final_text(await decide([user("thanks 🙏")], registry))
+    assert answer.startswith("I didn't catch “thanks”")
+
+
+async def test_a_very_long_message_is_not_echoed_back_in_full(registry) -> None:
+    words = "lorem ipsum dolor sit amet " * 400  # ~10,000 characters
+    for text in (f"look up {words}", f"deploy {'x' * 5000} to staging", words):
+        decision = await decide([user(text)], registry)
+        assert len(decision.text) < 1500, (text[:20], len(decision.text))
+        assert "…" in decision.text
+    # A result names the query again: cut there too (a result this short is kept whole).
+    query = ("lorem ipsum dolor sit amet " * 10).strip()
+    log = [user(f"look up {query}"), *ran("toolu_1", "search_docs", "run_now", query=query)]
+    empty = {"query": query, "results": []}
+    answer = final_text(await decide([*log, tool_result("toolu_1", empty)], registry))
+    assert answer == f"Nothing in the docs matches “{query[:199]}…”."
+
+
 async def test_deploy_without_a_service_asks_which_one(registry) -> None:
     for text in ("deploy", "deploy to production"):
         decision = await decide([user(text)], registry)

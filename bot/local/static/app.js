@@ -40,7 +40,12 @@
 //   trace-toggle             in the thread pane: opens trace-panel beside it
 //   trace-panel              data-thread-id once found; trace-status, trace-refresh,
 //                            trace-close, trace-events
-//   trace-event              data-seq, data-type; click shows trace-event-json
+//   trace-event              data-seq, data-type, data-error="true" on failures (with a
+//                            trace-error-badge); trace-summary is its line; click shows
+//                            trace-event-json. message_posted rows are hidden until
+//                            trace-deliveries ("N deliveries", data-count, aria-pressed)
+//   trace-result-toggle      on tool_result events: shows trace-result-json (the output,
+//                            pretty-printed, or the error text)
 //   trace-prompt-button      on model_decision events: data-seq; shows trace-prompt
 //                            (the request as `opsloop replay --json`) and trace-verdict
 //                            (data-matches = true | false)
@@ -113,7 +118,9 @@ const state = {
   thread: null, // the open thread's root ts
   view: "channel", // or "home"
   traceOpen: false,
-  traceExpanded: new Set(),
+  traceExpanded: new Set(), // seqs whose whole record is shown
+  traceResults: new Set(), // seqs of tool results whose output is shown
+  traceDeliveries: false, // message_posted rows shown
   prompts: new Map(), // seq -> replay answer, while shown
   modal: null,
   source: null,
@@ -515,6 +522,8 @@ function renderHome(view) {
 // --- the trace ------------------------------------------------------------------------------
 
 const TRACE_SKIP = new Set(["seq", "event_id", "type", "created_at", "actor"]);
+// Events that report something going wrong (a tool_result only when it is not ok).
+const TRACE_ERRORS = new Set(["error", "decision_rejected", "retry_scheduled", "approval_refused"]);
 
 async function loadTrace() {
   const panel = $("trace-panel");
@@ -535,37 +544,102 @@ async function loadTrace() {
   const tokens = (usage.input_tokens || 0) + (usage.output_tokens || 0);
   $("trace-status").textContent = `${data.thread.thread_id} · ${data.thread.status} · ${data.events.length} events${tokens ? ` · ${tokens} tokens` : ""}`;
   const list = $("trace-events");
-  keepingScroll(list, () => list.replaceChildren(...data.events.map((record, i) => traceRow(record, data.summaries?.[i] || ""))));
+  keepingScroll(list, () => list.replaceChildren(...traceRows(data.events, data.summaries || [])));
 }
 
-function traceRow(record, summary) {
+/** The rows of the trace: message_posted ones folded behind one toggle (they are half of
+ * every log and say only "shown in Slack"), the events they delivered ticked instead. */
+function traceRows(events, summaries) {
+  const intents = new Map();
+  const delivered = new Set();
+  const byId = new Map();
+  for (const record of events) {
+    byId.set(record.event_id, record);
+    if (record.type === "tool_call_requested") intents.set(record.tool_call_id, record.intent);
+    if (record.type === "message_posted") delivered.add(record.shows_event_id);
+  }
+  const rows = events.map((record, i) => {
+    const shows = record.type === "message_posted" && byId.get(record.shows_event_id);
+    const summary = shows ? `shows #${shows.seq} ${shows.type}${record.ts ? ` as message ${record.ts}` : ""}` : summaries[i] || "";
+    return traceRow(record, summary, { intent: intents.get(record.tool_call_id), delivered: delivered.has(record.event_id) });
+  });
+  const count = events.filter((record) => record.type === "message_posted").length;
+  return count ? [deliveriesToggle(count), ...rows] : rows;
+}
+
+function deliveriesToggle(count) {
+  const bar = el("div", "trace-filters");
+  const shown = state.traceDeliveries;
+  const chip = el("button", `chip trace-chip${shown ? " active" : ""}`, `${count} ${count === 1 ? "delivery" : "deliveries"}`);
+  chip.type = "button";
+  chip.dataset.testid = "trace-deliveries";
+  chip.dataset.count = String(count);
+  chip.setAttribute("aria-pressed", String(shown));
+  chip.title = shown ? "Hide the message_posted events" : "Show the message_posted events (what reached Slack, and where)";
+  chip.addEventListener("click", () => {
+    state.traceDeliveries = !state.traceDeliveries;
+    refresh("trace", 0);
+  });
+  bar.appendChild(chip);
+  return bar;
+}
+
+function isFailure(record) {
+  return TRACE_ERRORS.has(record.type) || (record.type === "tool_result" && record.ok === false);
+}
+
+function traceRow(record, summary, { intent, delivered }) {
   const row = el("div", "trace-event");
   row.dataset.testid = "trace-event";
   row.dataset.seq = record.seq;
   row.dataset.type = record.type;
+  row.hidden = record.type === "message_posted" && !state.traceDeliveries;
   const line = el("div", "trace-line");
-  line.appendChild(el("span", "trace-seq", String(record.seq)));
-  line.appendChild(el("span", "trace-time", new Date(record.created_at).toLocaleTimeString()));
+  const head = el("div", "trace-head");
+  head.appendChild(el("span", "trace-seq", String(record.seq)));
+  head.appendChild(el("span", `trace-type type-${record.type}`, record.type));
   const actor = /^[UW][A-Z0-9]+$/.test(record.actor) ? "@" + nameOf(record.actor) : record.actor;
-  line.appendChild(el("span", "trace-actor", actor));
-  line.appendChild(el("span", `trace-type type-${record.type}`, record.type));
-  line.appendChild(el("span", "trace-summary", summary || compact(record)));
+  head.appendChild(el("span", "trace-actor", actor));
+  if (isFailure(record)) {
+    row.dataset.error = "true";
+    row.classList.add("trace-event-error");
+    const badge = el("span", "trace-error-badge", "error");
+    badge.dataset.testid = "trace-error-badge";
+    head.appendChild(badge);
+  }
+  if (delivered) {
+    const tick = el("span", "trace-delivered", "✓");
+    tick.title = "Shown in Slack (a message_posted event follows)";
+    head.appendChild(tick);
+  }
+  const at = new Date(record.created_at);
+  const time = el("time", "trace-time", at.toLocaleTimeString([], { hour12: false }));
+  time.title = record.created_at;
+  head.appendChild(time);
+  line.appendChild(head);
+  const text = el("div", "trace-summary", record.type === "tool_result" ? resultSummary(record, intent, summary) : summary || compact(record));
+  text.dataset.testid = "trace-summary";
+  line.appendChild(text);
   line.title = "Show the event";
-  line.addEventListener("click", () => {
-    const key = record.seq;
-    if (state.traceExpanded.has(key)) state.traceExpanded.delete(key);
-    else state.traceExpanded.add(key);
-    refresh("trace", 0);
-  });
+  line.addEventListener("click", () => toggleIn(state.traceExpanded, record.seq));
   row.appendChild(line);
   if (record.type === "model_decision") {
-    const button = el("button", "link-button", state.prompts.has(record.seq) ? "Hide prompt" : "Prompt");
-    button.type = "button";
+    const button = lineButton(state.prompts.has(record.seq) ? "Hide prompt" : "Prompt", () => togglePrompt(record.seq));
     button.dataset.testid = "trace-prompt-button";
     button.dataset.seq = record.seq;
     button.title = "The exact request this decision was made from (opsloop replay --json)";
-    button.addEventListener("click", () => togglePrompt(record.seq));
-    line.appendChild(button);
+    head.appendChild(button);
+  }
+  if (record.type === "tool_result") {
+    const open = state.traceResults.has(record.seq);
+    const button = lineButton(open ? "Hide output" : record.ok ? "Output" : "Error text", () => toggleIn(state.traceResults, record.seq));
+    button.dataset.testid = "trace-result-toggle";
+    head.appendChild(button);
+    const value = record.ok ? record.output : record.error;
+    const pre = el("pre", "trace-json trace-result-json", typeof value === "string" ? value : JSON.stringify(value, null, 2));
+    pre.dataset.testid = "trace-result-json";
+    pre.hidden = !open;
+    row.appendChild(pre);
   }
   if (state.traceExpanded.has(record.seq)) {
     const pre = el("pre", "trace-json", JSON.stringify(record, null, 2));
@@ -583,6 +657,37 @@ function traceRow(record, summary) {
     row.appendChild(pre);
   }
   return row;
+}
+
+/** A button on a trace line that does not also fold the event open. */
+function lineButton(text, onClick) {
+  const button = el("button", "link-button trace-line-button", text);
+  button.type = "button";
+  button.addEventListener("click", (event) => {
+    event.stopPropagation();
+    onClick();
+  });
+  return button;
+}
+
+function toggleIn(set, key) {
+  if (set.has(key)) set.delete(key);
+  else set.add(key);
+  refresh("trace", 0);
+}
+
+/** ``deploy → deployment: 3, service: api`` for a result; the tool's words for an error. */
+function resultSummary(record, intent, summary) {
+  const tool = intent || record.tool_call_id || "tool";
+  const attempt = record.attempt > 1 ? ` (attempt ${record.attempt})` : "";
+  if (!record.ok) return `${tool} failed${attempt}: ${record.error || "no reason given"}`;
+  const out = record.output;
+  if (out && typeof out === "object" && !Array.isArray(out)) {
+    const parts = Object.entries(out).map(([k, v]) => `${k}: ${v !== null && typeof v === "object" ? JSON.stringify(v) : v}`);
+    const text = `${tool} → ${parts.join(", ")}${attempt}`;
+    return text.length > 200 ? text.slice(0, 199) + "…" : text;
+  }
+  return `${tool} ${summary}`;
 }
 
 function compact(record) {
@@ -639,6 +744,7 @@ function route() {
     const thread = visible && second ? second : null;
     if (thread !== state.thread) {
       state.traceExpanded.clear();
+      state.traceResults.clear();
       state.prompts.clear();
     }
     state.thread = thread;
