@@ -28,7 +28,8 @@ from engine.policy import ApproverPolicy
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 DEFAULT_MODEL = "claude-sonnet-5-5"
 DEFAULT_PORT = 3000
-_SLACK_ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+# Users (U…, W…), user groups (S…), and whoever is on call (oncall:<PagerDuty id>).
+_SLACK_ID = re.compile(r"^(?:[UWS][A-Z0-9]{2,}|oncall:[A-Z0-9]{2,})$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -154,8 +155,8 @@ class _Environment(BaseModel):
         bad = [a for a in ids if not _SLACK_ID.match(a)]
         if bad:
             raise ValueError(
-                f"holds {', '.join(map(repr, bad))}: use Slack user ids (U…, W…) or "
-                "user-group ids (S…), comma-separated"
+                f"holds {', '.join(map(repr, bad))}: use Slack user ids (U…, W…), "
+                "user-group ids (S…) or oncall:<schedule id>, comma-separated"
             )
         return ",".join(ids)
 
@@ -211,7 +212,12 @@ def load_settings(
     ``file`` holds values taken from a configuration file, keyed by the same variable
     names; a variable that is set wins over it.
     """
-    values = {**_present(file or {}), **_present(os.environ if env is None else env)}
+    given, from_file = _present(os.environ if env is None else env), _present(file or {})
+    values = {**from_file, **given}
+    # Tool modules add up: the file's ``tools.modules`` plus OPSLOOP_TOOLS.
+    values["OPSLOOP_TOOLS"] = ",".join(
+        m for m in (from_file.get("OPSLOOP_TOOLS"), given.get("OPSLOOP_TOOLS")) if m
+    )
     try:
         raw = _Environment.model_validate(values)
     except ValidationError as exc:
@@ -264,9 +270,8 @@ def _settings(raw: _Environment) -> Settings:
 
 def approver_policy(env: Mapping[str, str]) -> ApproverPolicy:
     """Only the reviewer rule, from ``OPSLOOP_APPROVERS`` / ``OPSLOOP_ALLOW_SELF_APPROVAL``."""
-    return load_settings(
-        {k: v for k, v in env.items() if k.startswith(("OPSLOOP_APPROVERS", "OPSLOOP_ALLOW"))}
-    ).approvers
+    names = ("OPSLOOP_APPROVERS", "OPSLOOP_ALLOW_SELF_APPROVAL")
+    return load_settings({k: v for k, v in env.items() if k in names}).approvers
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:

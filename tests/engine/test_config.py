@@ -108,3 +108,13 @@ def test_a_set_variable_wins_over_the_file_and_an_empty_one_does_not():
 def test_number_problems_read_as_a_sentence(env, line):
     with pytest.raises(ConfigError, match="^" + line.replace(".", r"\.") + "$"):
         load_settings(env)
+
+
+def test_tool_modules_add_up_from_the_file_and_the_environment():
+    s = load_settings({"OPSLOOP_TOOLS": "acme.deploy"}, file={"OPSLOOP_TOOLS": "tools.demo"})
+    assert s.tool.modules == ("tools.demo", "acme.deploy")
+
+
+def test_approvers_may_name_whoever_is_on_call():
+    s = load_settings({"OPSLOOP_APPROVERS": "U012AB,oncall:PXXXXXX"})
+    assert s.approvers.approvers == {"U012AB", "oncall:PXXXXXX"}

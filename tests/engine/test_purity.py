@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
-PURE = ["engine.events", "engine.state", "engine.policy", "engine.context"]
+PURE = ["engine.events", "engine.state", "engine.policy", "engine.context", "engine.rules"]
 FORBIDDEN = [
     "sqlalchemy",
     "sqlmodel",

@@ -1,0 +1,237 @@
+"""The ``policy:`` rules of ``opsloop.yaml``: which rule decides a call, and how.
+
+:func:`decide` takes the first rule whose ``tool`` glob matches the tool's name (fnmatch,
+case-sensitive) and whose ``when`` holds for the arguments, and turns it into a
+:class:`RuleDecision`. With no rule, the tool's own ``@tool`` policy decides, except for
+MCP tools and HTTP actions, which need an approval.
+
+MCP annotations are the server's claims, so they never lower a policy by themselves.
+Only a deciding rule with ``trust_hints: true`` lets them: ``readOnlyHint: true``
+without ``destructiveHint: true`` turns ``approve_before_run`` into ``run_now`` (never a
+``reject`` or a wait) and makes the call idempotent; ``idempotentHint: true`` makes it
+idempotent. A rule's own ``idempotent:`` wins over either hint.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from engine.config_file import PolicyRule, RulePolicy
+
+# Strictness, loosest first: what `opsloop policy check` compares.
+_ORDER: dict[str, int] = {
+    "run_now": 0,
+    "wait_for_external_event": 1,
+    "approve_before_run": 2,
+    "reject": 3,
+}
+DEFAULT_EXPIRES_IN_S = 24 * 3600.0
+Comparison = Literal["same", "stricter", "looser", "different"]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The effective ``approvals:`` defaults (file values with the environment laid over:
+    ``settings.approvers`` and ``settings.runner.approval_ttl_s``)."""
+
+    approvers: frozenset[str] = frozenset()
+    allow_self: bool = False
+    expires_in_s: float = DEFAULT_EXPIRES_IN_S
+
+
+@dataclass(frozen=True)
+class RuleDecision:
+    """What the policy says about one call. ``rule`` is the deciding rule's 0-based index
+    (None: no rule matched); ``idempotent`` None means the tool's own."""
+
+    policy: RulePolicy
+    rule: int | None = None
+    reason: str = ""
+    approvers: frozenset[str] = frozenset()
+    quorum: int = 1
+    allow_self: bool = False
+    expires_in_s: float = DEFAULT_EXPIRES_IN_S
+    remind_after_s: float | None = None
+    escalate_to: tuple[str, ...] = ()
+    max_grant_s: float | None = None
+    idempotent: bool | None = None
+    trust_hints: bool = False
+
+
+def matches(rule: PolicyRule, tool: str) -> bool:
+    return fnmatchcase(tool, rule.tool)
+
+
+def decide(
+    rules: Sequence[PolicyRule],
+    defaults: Defaults,
+    *,
+    tool: str,
+    arguments: Mapping[str, Any],
+    default_policy: str,
+    source: str,
+    channel: str | None,
+    annotations: Mapping[str, Any] | None,
+) -> RuleDecision:
+    """The decision for calling ``tool`` with ``arguments`` in ``channel``."""
+    for index, rule in enumerate(rules):
+        if matches(rule, tool) and rule.holds(arguments):
+            return _from_rule(index, rule, defaults, tool, channel, annotations or {})
+    outside = source.startswith("mcp:") or source == "http"
+    policy = "approve_before_run" if outside else default_policy
+    if policy not in _ORDER:
+        raise ValueError(f"unknown policy {policy!r} for {tool!r}")  # a bug in the caller
+    return RuleDecision(
+        policy=policy,  # type: ignore[arg-type]
+        approvers=defaults.approvers,
+        allow_self=defaults.allow_self,
+        expires_in_s=defaults.expires_in_s,
+    )
+
+
+def _from_rule(
+    index: int,
+    rule: PolicyRule,
+    defaults: Defaults,
+    tool: str,
+    channel: str | None,
+    hints: Mapping[str, Any],
+) -> RuleDecision:
+    policy: RulePolicy = rule.policy
+    idempotent = rule.idempotent
+    if rule.trust_hints:
+        read_only = hints.get("readOnlyHint") is True and hints.get("destructiveHint") is not True
+        if read_only and policy == "approve_before_run":
+            policy = "run_now"
+        if idempotent is None and (read_only or hints.get("idempotentHint") is True):
+            idempotent = True
+    reason = rule.reason or (f"the policy does not allow {tool}" if policy == "reject" else "")
+    if rule.channels and channel not in rule.channels:
+        policy, reason = "reject", f"{tool} may be used only in {_places(rule.channels)}"
+    return RuleDecision(
+        policy=policy,
+        rule=index,
+        reason=reason,
+        approvers=defaults.approvers if rule.approvers is None else frozenset(rule.approvers),
+        quorum=rule.quorum or 1,
+        allow_self=defaults.allow_self if rule.allow_self is None else rule.allow_self,
+        expires_in_s=rule.expires_in or defaults.expires_in_s,
+        remind_after_s=rule.remind_after,
+        escalate_to=tuple(rule.escalate_to or ()),
+        max_grant_s=rule.max_grant,
+        idempotent=idempotent,
+        trust_hints=bool(rule.trust_hints),
+    )
+
+
+def _places(channels: Sequence[str]) -> str:
+    """``<#C1>``, ``<#C1> or <#C2>``, ``<#C1>, <#C2> or <#C3>`` (Slack channel links)."""
+    links = [f"<#{c}>" for c in dict.fromkeys(channels)]
+    return links[0] if len(links) == 1 else f"{', '.join(links[:-1])} or {links[-1]}"
+
+
+def offered(rules: Sequence[PolicyRule], tool: str) -> bool:
+    """Is ``tool`` shown to the model? Not when its first matching rule without ``when``
+    is ``reject`` (a conditional reject answers the call instead, so it stays offered)."""
+    for rule in rules:
+        if rule.when is None and matches(rule, tool):
+            return rule.policy != "reject"
+    return True
+
+
+def quorum_met(
+    votes: Iterable[str], quorum: int, requester: str | None, *, allow_self: bool = False
+) -> bool:
+    """Have ``quorum`` distinct people approved? The requester never counts, unless
+    ``allow_self`` (then their own vote counts once, as anyone's)."""
+    people = set(votes)
+    if not allow_self:
+        people.discard(requester or "")
+    return len(people) >= quorum
+
+
+# --- policy check ---------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _field(decision: Any, name: str) -> Any:
+    if isinstance(decision, Mapping):
+        return decision.get(name, _MISSING)
+    return getattr(decision, name, _MISSING)
+
+
+def compare(recorded: Any, new: RuleDecision) -> Comparison:
+    """How ``new`` differs from the decision ``recorded`` for a call (a RuleDecision, or
+    any object or mapping with some of its fields; a field it lacks is not compared).
+
+    Looser: a looser policy (run_now < wait_for_external_event < approve_before_run <
+    reject) or, when both need an approval, a wider or emptied approvers set, a lower
+    quorum, self-approval turning on, a longer expiry or grant, idempotent turning on.
+    ``different``: some ways looser and some stricter, or approvers neither wider nor
+    narrower; treat it as needing a look, since it may hide a loosening.
+    """
+    old_policy = _field(recorded, "policy")
+    if old_policy not in _ORDER:
+        return "different"
+    steps = {_direction(_ORDER[new.policy] - _ORDER[old_policy])}
+    if old_policy == new.policy == "approve_before_run":
+        steps |= _approval_steps(recorded, new)
+    old_idem = _field(recorded, "idempotent")
+    if isinstance(old_idem, bool) and new.idempotent is not None:
+        steps.add(_direction(int(old_idem) - int(new.idempotent)))
+    steps.discard("same")
+    if not steps:
+        return "same"
+    return steps.pop() if len(steps) == 1 else "different"
+
+
+def _direction(delta: float) -> Comparison:
+    """A positive delta is stricter."""
+    return "stricter" if delta > 0 else "looser" if delta < 0 else "same"
+
+
+def _approval_steps(recorded: Any, new: RuleDecision) -> set[Comparison]:
+    steps: set[Comparison] = set()
+    approvers = _field(recorded, "approvers")
+    if approvers is not _MISSING and approvers is not None:
+        steps.add(_approvers_step(frozenset(approvers), new.approvers))
+    for name, stricter_when_lower in (
+        ("quorum", False),
+        ("expires_in_s", True),
+        ("max_grant_s", True),
+    ):
+        old = _field(recorded, name)
+        if old is _MISSING or (name != "max_grant_s" and not isinstance(old, int | float)):
+            continue
+        value = getattr(new, name)
+        if name == "max_grant_s" and (old is None or value is None):
+            # None: no grants at all, the strictest.
+            steps.add(_direction((old is not None) - (value is not None)))
+            continue
+        delta = (old - value) if stricter_when_lower else (value - old)
+        steps.add(_direction(delta))
+    allow_self = _field(recorded, "allow_self")
+    if isinstance(allow_self, bool):
+        steps.add(_direction(int(allow_self) - int(new.allow_self)))
+    return steps
+
+
+def _approvers_step(old: frozenset[str], new: frozenset[str]) -> Comparison:
+    """An empty set means anyone but the requester: the widest."""
+    if old == new:
+        return "same"
+    if not new:
+        return "looser"
+    if not old:
+        return "stricter"
+    if old < new:
+        return "looser"
+    if new < old:
+        return "stricter"
+    return "different"
