@@ -6,55 +6,64 @@ requests, with the secret in ``OPSLOOP_WEBHOOK_SECRET``:
     X-Opsloop-Request-Timestamp: <unix seconds>
     X-Opsloop-Signature: v0=<hex HMAC-SHA256 of "v0:<timestamp>:<body>">
 
-A missing, stale (over 5 minutes) or wrong signature is 401 and nothing changes. A
-delivery repeated with the same signature is stored once.
+A missing, malformed, repeated, stale (over 5 minutes) or wrong signature is 401 and
+nothing changes; the whole body is read first (it may arrive in pieces), up to
+``MAX_BODY`` (else 413). A delivery repeated with the same signature is stored once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import time
 from collections.abc import Callable
 
 from aiohttp import web
 
+from bot import signing
 from engine.errors import ThreadNotFound
 from engine.inputs import Accepted, finish_wait, thread_of_wait
 from engine.store import Store
 
 log = logging.getLogger("opsloop.hooks")
 
-MAX_SKEW_S = 300
+MAX_SKEW_S = signing.MAX_SKEW_S
 MAX_BODY = 1_000_000
 TIMESTAMP_HEADER = "X-Opsloop-Request-Timestamp"
 SIGNATURE_HEADER = "X-Opsloop-Signature"
+signature = signing.signature
 
 
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    base = b"v0:" + timestamp.encode() + b":" + body
-    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, however it arrives (chunked, in pieces); ``BodyTooLarge`` past
+    ``limit`` bytes, without reading further."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def check_signature(
-    secret: str, headers: dict[str, str] | object, body: bytes, now: float | None = None
+    secret: str, headers: signing.Headers, body: bytes, now: float | None = None
 ) -> str | None:
     """None if the request is signed with ``secret``; otherwise why not."""
-    get = getattr(headers, "get")  # noqa: B009 - a Mapping or aiohttp's CIMultiDict
-    stamp, given = get(TIMESTAMP_HEADER), get(SIGNATURE_HEADER)
-    if not stamp or not given:
-        return "missing signature headers"
-    try:
-        age = abs((now or time.time()) - int(stamp))
-    except ValueError:
-        return "malformed timestamp"
-    if age > MAX_SKEW_S:
-        return "stale timestamp"
-    if not hmac.compare_digest(signature(secret, stamp, body), given):
-        return "bad signature"
-    return None
+    return signing.check(
+        secret,
+        headers,
+        body,
+        timestamp_header=TIMESTAMP_HEADER,
+        signature_header=SIGNATURE_HEADER,
+        now=now,
+    )
 
 
 def add_hook_route(
@@ -63,17 +72,21 @@ def add_hook_route(
     """Serve ``POST /hooks/{wait_id}``; without a secret every request is refused."""
 
     async def hook(request: web.Request) -> web.Response:
-        body = await request.content.read(MAX_BODY + 1)
-        if len(body) > MAX_BODY:
+        try:
+            body = await read_body(request, MAX_BODY)
+        except BodyTooLarge:
+            log.info("hook refused: body over %d bytes", MAX_BODY)
             return web.json_response({"error": "body too large"}, status=413)
         why = "webhooks are disabled: OPSLOOP_WEBHOOK_SECRET is not set"
         if secret:
             why = check_signature(secret, request.headers, body) or ""
         if why:
+            log.info("hook refused: %s", why)
             return web.json_response({"error": why}, status=401)
         try:
             result = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, too deep
+            log.info("hook refused: the body is not JSON")
             return web.json_response({"error": "the body is not JSON"}, status=400)
         if not isinstance(result, dict):
             return web.json_response({"error": "the body must be a JSON object"}, status=400)

@@ -1,7 +1,17 @@
-"""Pure helpers over what Slack sends: header checks, thread keys, message kinds, clicks.
+"""Pure helpers over what Slack sends: the body's shape, thread keys, messages, clicks.
 
-The listeners in :mod:`bot.app` translate; these functions read. Like bolt's
+The listeners in :mod:`bot.listeners` translate; these functions read. Like bolt's
 ``payload_utils``, they take the request body (or one part of it) and do no I/O.
+
+Two layers of checks, both pydantic models at the edge:
+
+- :func:`parse_request` (HTTP only, before Bolt): the body is a JSON object (or a form)
+  whose fields that Bolt itself reads have the types Bolt assumes, so that nothing a
+  sender writes makes Bolt raise (and answer 500). Loose: unknown fields pass.
+- :class:`Message`, :class:`Click`, :class:`Submission` (in the listeners): what a
+  thread needs, with ids and timestamps bounded to the columns that store them
+  (``engine/tables.py``: 64 characters), and text without lone surrogates (which JSON
+  can carry and neither UTF-8 nor PostgreSQL can). What fails them is ignored.
 
 Shapes: Events API envelopes (https://docs.slack.dev/apis/events-api), interaction
 payloads (https://docs.slack.dev/reference/interaction-payloads) and slash commands.
@@ -9,11 +19,22 @@ payloads (https://docs.slack.dev/reference/interaction-payloads) and slash comma
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from engine.inputs import Org
 from engine.store import ThreadKey
 
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
@@ -22,11 +43,17 @@ _DIGITS = re.compile(r"[0-9]{1,15}")
 _PRINTABLE_ASCII = re.compile(r"[\x21-\x7e]*")
 _DOMAIN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _URL = re.compile(r"https://[A-Za-z0-9.-]+/?")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Message subtypes that a person writes (a reply also sent to the channel, a file with a
-# comment); every other subtype (edits, deletions, joins, bots…) is not a new message.
-HUMAN_SUBTYPES = frozenset({"thread_broadcast", "file_share"})
+# comment, a /me message); every other subtype (edits, deletions, joins, bots…) is not a
+# new message.
+HUMAN_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})
 
 MessageKind = Literal["dm", "reply", "ignore"]
+
+
+class MalformedRequest(ValueError):
+    """A signed body that Bolt could not read: answered 400, one log line."""
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -37,13 +64,12 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def verify_headers(headers: Mapping[str, str]) -> str | None:
-    """Why a request must be refused before Bolt sees it, or None.
+    """Why the signature headers are malformed (a 4xx, before any HMAC), or None.
 
-    Bolt's signature check calls ``int()`` on ``X-Slack-Request-Timestamp`` and
+    Bolt's own check calls ``int()`` on ``X-Slack-Request-Timestamp`` and
     ``hmac.compare_digest`` on ``X-Slack-Signature``: a non-numeric timestamp raises
     ``ValueError`` and a non-ASCII signature ``TypeError``, which Bolt answers with a
-    500 (and Slack would retry a 500). This catches both so the caller answers a 4xx.
-    Missing headers pass: Bolt answers those with its own 401.
+    500. Missing headers pass here (the signature check refuses them).
     """
     timestamp = _header(headers, TIMESTAMP_HEADER)
     if timestamp is not None and not _DIGITS.fullmatch(timestamp):
@@ -54,18 +80,253 @@ def verify_headers(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-# --- events ------------------------------------------------------------------------------
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (``\\ud800`` in JSON) replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
-def thread_key(body: Mapping[str, Any]) -> ThreadKey:
-    """The agent thread an event belongs to: (team, channel, thread root ts).
+# --- the body, as Bolt reads it ---------------------------------------------------------
 
-    The team is the workspace the app is installed in (the envelope's ``team_id``), not
-    the author's team, which differs in shared channels.
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+_Str = str | None
+
+
+class _Ref(_Loose):
+    """``{"id": …}``: a team, user, channel or enterprise in an interaction payload."""
+
+    id: _Str = None
+    team_id: _Str = None
+    enterprise_id: _Str = None
+
+
+_RefOrId = str | _Ref | None
+
+
+class _Node(_Loose):
+    """Parts Bolt reads ids from: ``event``, ``event.message``, ``event.item``…"""
+
+    type: _Str = None
+    user: _RefOrId = None
+    channel: _RefOrId = None
+    team: _Str = None
+    user_team: _Str = None
+    bot_id: _Str = None
+    subtype: _Str = None
+    message: _Node | None = None
+    previous_message: _Node | None = None
+    item: _Node | None = None
+    assistant_thread: _Node | None = None
+
+
+class _Authorization(_Loose):
+    enterprise_id: _Str = None
+    team_id: _Str = None
+    user_id: _Str = None
+    is_enterprise_install: bool | str | None = None
+
+
+class _Action(_Loose):
+    action_id: str
+    block_id: _Str = None
+    value: _Str = None
+    action_ts: _Str = None
+
+
+class _State(_Loose):
+    values: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+class _View(_Loose):
+    id: _Str = None
+    callback_id: _Str = None
+    private_metadata: _Str = None
+    team_id: _Str = None
+    app_installed_team_id: _Str = None
+    state: _State | None = None
+
+
+class _ResponseUrl(_Loose):
+    response_url: _Str = None
+
+
+class _Envelope(_Loose):
+    """The fields Bolt's context, middleware and matchers read, with their types."""
+
+    type: _Str = None
+    team_id: _Str = None
+    enterprise_id: _Str = None
+    event: _Node | None = None
+    authorizations: list[_Authorization] | None = None
+    team: _RefOrId = None
+    enterprise: _RefOrId = None
+    user: _RefOrId = None
+    channel: _RefOrId = None
+    container: _Loose | None = None
+    message: _Node | None = None
+    actions: list[_Action] | None = None
+    view: _View | None = None
+    response_urls: list[_ResponseUrl] | None = None
+    callback_id: _Str = None
+    action_id: _Str = None
+    command: _Str = None
+
+    @model_validator(mode="after")
+    def _what_the_matchers_index(self) -> _Envelope:
+        # Bolt's matchers index these without looking: body["event"]["type"],
+        # body["actions"][0], body["view"]["callback_id"], body["callback_id"].
+        if self.type == "event_callback" and (self.event is None or self.event.type is None):
+            raise ValueError("an event_callback needs an event with a type")
+        if self.type == "block_actions" and not self.actions:
+            raise ValueError("block_actions needs actions")
+        if self.type in ("view_submission", "view_closed") and (
+            self.view is None or self.view.callback_id is None
+        ):
+            raise ValueError(f"{self.type} needs a view with a callback_id")
+        if self.type in _NEEDS_CALLBACK_ID and self.callback_id is None:
+            raise ValueError(f"{self.type} needs a callback_id")
+        if self.type == "block_suggestion" and self.action_id is None:
+            raise ValueError("block_suggestion needs an action_id")
+        return self
+
+
+_NEEDS_CALLBACK_ID = frozenset(
+    {"shortcut", "message_action", "dialog_submission", "dialog_cancellation", "dialog_suggestion"}
+)
+
+
+def parse_request(raw: bytes, content_type: str | None) -> dict[str, Any]:
+    """The body of a signed request as Bolt will parse it, checked to be one that Bolt
+    can read without raising; ``MalformedRequest`` (with a short reason) if not.
+
+    The parse mirrors ``slack_bolt.request.internals.parse_body``: JSON when the type
+    says so or the body starts with ``{``, else a form whose ``payload`` field is JSON.
     """
-    event = body.get("event") or {}
-    team = body.get("team_id") or event.get("team") or ""
-    return ThreadKey(str(team), str(event.get("channel", "")), root_ts(event))
+    try:
+        text = raw.decode("utf-8")
+        if content_type == "application/json" or text.startswith("{"):
+            body: Any = json.loads(text) if text else {}
+        elif "payload" in text:
+            body = json.loads(dict(parse_qsl(text, keep_blank_values=True)).get("payload", "{}"))
+        else:
+            body = dict(parse_qsl(text, keep_blank_values=True))
+    except UnicodeDecodeError:
+        raise MalformedRequest("the body is not UTF-8") from None
+    except (ValueError, RecursionError):  # JSONDecodeError, or nested too deep
+        raise MalformedRequest("the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise MalformedRequest(f"the body is a JSON {type(body).__name__}, not an object")
+    try:
+        _Envelope.model_validate(body)
+    except ValidationError as exc:
+        raise MalformedRequest(first_error(exc)) from None
+    except RecursionError:
+        raise MalformedRequest("the body is nested too deep") from None
+    return body
+
+
+def first_error(exc: ValidationError) -> str:
+    """``event.channel: Field required`` (the first problem, one line, no input echoed)."""
+    err = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(part) for part in err["loc"]) or "(body)"
+    return f"{where}: {err['msg']}"
+
+
+# --- what a thread needs ----------------------------------------------------------------
+
+# Ids and ts are stored in 64-character columns; Slack's are far shorter.
+SlackId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+Ts = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,20}\.[0-9]{1,12}$")]
+Text = Annotated[str, AfterValidator(clean_text)]
+
+
+class _Edge(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class MessageEvent(_Edge):
+    type: str
+    user: SlackId
+    channel: SlackId
+    ts: Ts
+    thread_ts: Ts | None = None
+    text: Text = ""
+    team: SlackId | None = None
+    channel_type: str | None = None
+    subtype: str | None = None
+
+
+class Message(_Edge):
+    """A message event with all a thread needs: team, channel, ts and its author."""
+
+    team_id: SlackId | None = None
+    enterprise_id: SlackId | None = None
+    event_id: Annotated[str, StringConstraints(max_length=64)] | None = None
+    event: MessageEvent
+
+    @model_validator(mode="after")
+    def _has_a_team(self) -> Message:
+        if self.team is None:
+            raise ValueError("no team")
+        return self
+
+    @property
+    def team(self) -> str | None:
+        return self.team_id or self.event.team
+
+    @property
+    def key(self) -> ThreadKey:
+        """The agent thread: (team, channel, thread root ts). The team is the workspace
+        the app is installed in (the envelope's ``team_id``), not the author's team,
+        which differs in shared channels."""
+        return ThreadKey(str(self.team), self.event.channel, root_ts(self.event.model_dump()))
+
+    @property
+    def dedupe_key(self) -> str:
+        return message_dedupe_key(self.event.model_dump())
+
+    def source(self, names: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Where the message came from, kept on the ``user_message`` (opaque to the
+        engine, but for ``enterprise``, which the team check of a click reads, and
+        ``names``, the display names of the people it mentions)."""
+        event = self.event
+        source: dict[str, Any] = {
+            "kind": "slack",
+            "team": self.team,
+            "enterprise": self.enterprise_id,
+            "channel": event.channel,
+            "ts": event.ts,
+            "event_id": self.event_id,
+            "event_type": event.type,
+            "thread_ts": event.thread_ts,
+        }
+        if names:
+            source["names"] = dict(names)
+        return {k: v for k, v in source.items() if v is not None}
+
+
+def parse_message(body: Mapping[str, Any]) -> Message | str:
+    """``body`` as a :class:`Message`, or why it is not one (one line)."""
+    try:
+        return Message.model_validate(body)
+    except ValidationError as exc:
+        return first_error(exc)
+
+
+_MENTION = re.compile(r"<@([UW][A-Z0-9]{1,63})(?:\|[^>]*)?>")
+
+
+def mentioned_users(text: str, bot_user_id: str | None) -> list[str]:
+    """The user ids ``<@U…>`` in ``text``, but the bot's, in order, once each."""
+    seen = dict.fromkeys(m.group(1) for m in _MENTION.finditer(text))
+    seen.pop(bot_user_id or "", None)
+    return list(seen)
+
+
+# --- events ------------------------------------------------------------------------------
 
 
 def root_ts(event: Mapping[str, Any]) -> str:
@@ -125,61 +386,93 @@ def message_dedupe_key(event: Mapping[str, Any]) -> str:
     return f"msg:{event.get('channel', '')}:{event.get('ts', '')}"
 
 
-def message_source(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Where a message came from, kept on the ``user_message`` event (opaque to the
-    engine)."""
-    event = body.get("event") or {}
-    source: dict[str, Any] = {
-        "kind": "slack",
-        "team": body.get("team_id") or event.get("team"),
-        "channel": event.get("channel"),
-        "ts": event.get("ts"),
-        "event_id": body.get("event_id"),
-        "event_type": event.get("type"),
-    }
-    if event.get("thread_ts"):
-        source["thread_ts"] = event["thread_ts"]
-    return {k: v for k, v in source.items() if v is not None}
-
-
 # --- interactions ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Click:
+def _obj(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _id(value: Any) -> Any:
+    """``value`` as an id: itself when a string (Bolt allows both), else its ``id``."""
+    return value if isinstance(value, str) else _obj(value).get("id")
+
+
+def org_of(body: Mapping[str, Any]) -> Org:
+    """The organisation an interaction comes from: every team id it names (the payload's
+    ``team`` and the user's ``team_id``) and its Enterprise Grid id, if any."""
+    team, user = body.get("team"), _obj(body.get("user"))
+    teams = tuple(str(t) for t in (_id(team), user.get("team_id")) if t)
+    enterprise = _id(body.get("enterprise")) or _obj(team).get("enterprise_id")
+    return Org(teams, str(enterprise) if enterprise else None)
+
+
+Bounded = Annotated[str, StringConstraints(max_length=255)]
+
+
+class Click(_Edge):
     """A button click (``block_actions``) reduced to what the listeners need."""
 
-    user: str
-    value: str
-    action_ts: str
-    trigger_id: str
-    channel: str | None
-    thread_ts: str | None
-    message_ts: str | None
+    user: SlackId
+    value: Annotated[str, StringConstraints(max_length=2000)] = ""
+    action_ts: Bounded
+    trigger_id: Bounded = ""
+    channel: SlackId | None = None
+    thread_ts: Ts | None = None
+    message_ts: Ts | None = None
+    org: Org
 
 
-def click(body: Mapping[str, Any], action: Mapping[str, Any]) -> Click:
-    container = body.get("container") or {}
-    message = body.get("message") or {}
-    channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+def parse_click(body: Mapping[str, Any]) -> Click | str:
+    """The first action of a ``block_actions`` body as a :class:`Click`, or why not."""
+    actions = body.get("actions")
+    action = _obj(actions[0]) if isinstance(actions, list) and actions else {}
+    container, message = _obj(body.get("container")), _obj(body.get("message"))
     message_ts = container.get("message_ts") or message.get("ts")
-    thread_ts = container.get("thread_ts") or message.get("thread_ts") or message_ts
-    return Click(
-        user=str((body.get("user") or {}).get("id", "")),
-        value=str(action.get("value") or ""),
-        action_ts=str(action.get("action_ts") or ""),
-        trigger_id=str(body.get("trigger_id") or ""),
-        channel=channel,
-        thread_ts=thread_ts,
-        message_ts=message_ts,
-    )
+    fields = {
+        "user": _id(body.get("user")),
+        "value": action.get("value") or "",
+        "action_ts": action.get("action_ts"),
+        "trigger_id": body.get("trigger_id") or "",
+        "channel": _id(body.get("channel")) or container.get("channel_id"),
+        "thread_ts": container.get("thread_ts") or message.get("thread_ts") or message_ts,
+        "message_ts": message_ts,
+        "org": org_of(body),
+    }
+    try:
+        return Click.model_validate(fields)
+    except ValidationError as exc:
+        return first_error(exc)
+
+
+class Submission(_Edge):
+    """A modal submitted (``view_submission``): who, which view, what it binds to."""
+
+    user: SlackId
+    view_id: Bounded
+    private_metadata: Annotated[str, StringConstraints(max_length=3000)] = ""
+    org: Org
+
+
+def parse_submission(body: Mapping[str, Any]) -> Submission | str:
+    view = _obj(body.get("view"))
+    fields = {
+        "user": _id(body.get("user")),
+        "view_id": view.get("id") or "",
+        "private_metadata": view.get("private_metadata") or "",
+        "org": org_of(body),
+    }
+    try:
+        return Submission.model_validate(fields)
+    except ValidationError as exc:
+        return first_error(exc)
 
 
 def view_value(view: Mapping[str, Any], block_id: str, action_id: str) -> str:
     """A text input's value in a submitted view, ``""`` when left empty."""
-    values = (view.get("state") or {}).get("values") or {}
-    value = ((values.get(block_id) or {}).get(action_id) or {}).get("value")
-    return value.strip() if isinstance(value, str) else ""
+    values = _obj(_obj(view.get("state")).get("values"))
+    value = _obj(_obj(values.get(block_id)).get(action_id)).get("value")
+    return clean_text(value.strip()) if isinstance(value, str) else ""
 
 
 # --- links -------------------------------------------------------------------------------

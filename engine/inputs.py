@@ -3,6 +3,10 @@
 Each one appends one input event (deduplicated by its delivery key) in one short
 transaction and returns at once; the caller then kicks the runner. None of them calls
 the model or a tool. Concurrent inputs meet ``ConcurrencyConflict`` and re-read.
+
+Whether a person may decide a card is asked in one place, :func:`why_refused`: every
+click (approve, the reject button before its modal, the modal's submission) goes
+through it, and so does the decision itself.
 """
 
 from __future__ import annotations
@@ -21,6 +25,41 @@ from engine.store import Store, ThreadKey
 
 T = TypeVar("T")
 _ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class Org:
+    """The organisation a person acts from, as a team-scoped front door (Slack) says it.
+
+    ``teams``: every team id the input names (Slack: the payload's ``team.id`` and the
+    user's ``team_id``); each must be the thread's team. ``enterprise``: an Enterprise
+    Grid id, compared with the thread's (``source["enterprise"]`` of its first
+    ``user_message``) when both have one. Team ids are unique across Slack, so a matching
+    team already implies the same enterprise; the comparison is a second lock, not a
+    relaxation: a person from another workspace of the same Grid is refused too.
+    """
+
+    teams: tuple[str, ...]
+    enterprise: str | None = None
+
+
+@dataclass(frozen=True)
+class Decider:
+    """Who decides: a user, the approver groups they are in, and where they act from
+    (None: a front door without teams, such as the CLI or a test)."""
+
+    user: str
+    groups: frozenset[str] = frozenset()
+    org: Org | None = None
+
+
+@dataclass(frozen=True)
+class Decidable:
+    """A call that ``Decider`` may decide now (nothing was stored)."""
+
+    thread_id: str
+    tool_call_id: str
+    intent: str
 
 
 @dataclass(frozen=True)
@@ -116,16 +155,16 @@ async def decide_approval(
     reason: str = "",
     arguments_hash: str | None = None,
     reviewer_groups: Iterable[str] = (),
+    org: Org | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Accepted | Refused:
     """Approve or reject the pending call ``tool_call_id``.
 
-    Refused (with an ``approval_refused`` event for the audit) when that exact call is
-    not awaiting approval, the card's arguments hash does not match, or ``policy`` does
-    not allow ``reviewer``. A redelivered click (same ``dedupe_key``) is a no-op.
+    Refused (with an ``approval_refused`` event for the audit) when :func:`why_refused`
+    says so. A redelivered click (same ``dedupe_key``) is a no-op.
     """
-    groups = frozenset(reviewer_groups)
+    decider = Decider(reviewer, frozenset(reviewer_groups), org)
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
@@ -133,19 +172,13 @@ async def decide_approval(
                 return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
             return Accepted(thread_id, seen, deduplicated=True)
         state = await store.load(thread_id)
-        why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now or utcnow())
-        if why is None:
-            why = policy.check(decision, reviewer, state.requester, groups)
+        why = await why_refused(
+            store, state, decider, decision, policy, tool_call_id, arguments_hash, now or utcnow()
+        )
         if why is not None:
-            refusal = ev.ApprovalRefused(
-                actor=reviewer,
-                tool_call_id=tool_call_id,
-                decision=decision,
-                reason=why,
-                dedupe_key=dedupe_key,
+            return await _refuse(
+                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
             )
-            done = await store.append(thread_id, state.last_seq, [refusal], state=state)
-            return Refused(thread_id, why, done.events[0])
         event: ev.Event
         if decision == "approve":
             event = ev.ApprovalGranted(
@@ -158,6 +191,99 @@ async def decide_approval(
         return await _append_one(store, thread_id, state, event)
 
     return await _retrying(once)
+
+
+async def check_decision(
+    store: Store,
+    thread_id: str,
+    *,
+    tool_call_id: str,
+    decider: Decider,
+    decision: Literal["approve", "reject"],
+    policy: ApproverPolicy,
+    arguments_hash: str | None = None,
+    dedupe_key: str | None = None,
+    now: datetime | None = None,
+) -> Decidable | Refused:
+    """Ask before deciding (the reject button opens a modal first): ``Decidable`` stores
+    nothing; a refusal is recorded as :func:`decide_approval` would record it."""
+
+    async def once() -> Decidable | Refused:
+        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
+            if seen.type == "approval_refused":
+                return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
+        state = await store.load(thread_id)
+        why = await why_refused(
+            store, state, decider, decision, policy, tool_call_id, arguments_hash, now or utcnow()
+        )
+        if why is not None:
+            return await _refuse(
+                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
+            )
+        assert state.pending is not None  # why_refused checked it is this call
+        return Decidable(thread_id, tool_call_id, state.pending.intent)
+
+    return await _retrying(once)
+
+
+async def why_refused(
+    store: Store,
+    state: ThreadState,
+    decider: Decider,
+    decision: Literal["approve", "reject"],
+    policy: ApproverPolicy,
+    tool_call_id: str,
+    arguments_hash: str | None,
+    now: datetime,
+) -> str | None:
+    """May ``decider`` make ``decision`` on this card now? None if so; else why not.
+
+    In order: the card must be the pending call (with these arguments, not expired),
+    the decider must act from the thread's organisation, and ``policy`` must allow them.
+    """
+    why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
+    if why is None:
+        why = await why_not_same_org(store, state.thread_id, decider.org)
+    if why is None:
+        why = policy.check(decision, decider.user, state.requester, decider.groups)
+    return why
+
+
+async def why_not_same_org(store: Store, thread_id: str, org: Org | None) -> str | None:
+    """None if ``org`` is the thread's organisation (or the front door has none)."""
+    if org is None:
+        return None
+    info = await store.get_thread(thread_id)
+    if not org.teams or any(team != info.team for team in org.teams):
+        return "you are not in the Slack team this thread belongs to"
+    if org.enterprise is not None:
+        first = next(iter(await store.select_events(thread_id)), None)
+        source = getattr(first, "source", None) or {}
+        theirs = source.get("enterprise")
+        if theirs is not None and theirs != org.enterprise:
+            return "you are not in the Slack organisation this thread belongs to"
+    return None
+
+
+async def _refuse(
+    store: Store,
+    thread_id: str,
+    state: ThreadState,
+    decider: Decider,
+    decision: Literal["approve", "reject"],
+    tool_call_id: str,
+    why: str,
+    dedupe_key: str | None,
+) -> Refused:
+    refusal = ev.ApprovalRefused(
+        actor=decider.user,
+        tool_call_id=tool_call_id,
+        decision=decision,
+        reason=why,
+        dedupe_key=dedupe_key,
+    )
+    done = await store.append(thread_id, state.last_seq, [refusal], state=state)
+    return Refused(thread_id, why, done.events[0])
 
 
 async def why_not_decidable(
@@ -255,9 +381,11 @@ async def cancel(
     policy: ApproverPolicy,
     reason: str = "",
     user_groups: Iterable[str] = (),
+    org: Org | None = None,
     dedupe_key: str | None = None,
 ) -> Accepted | Refused:
-    """Stop the thread: allowed to its requester and to approvers."""
+    """Stop the thread: allowed to its requester and to approvers, from the thread's
+    organisation (a refusal here records nothing: ``approval_refused`` names a call)."""
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
@@ -265,6 +393,8 @@ async def cancel(
         state = await store.load(thread_id)
         if state.status in ("new", "cancelled"):
             return Refused(thread_id, f"the thread is {state.status}")
+        if (why := await why_not_same_org(store, thread_id, org)) is not None:
+            return Refused(thread_id, why)
         allowed = by == state.requester or policy.is_approver(by, user_groups)
         if not allowed:
             return Refused(thread_id, "only the requester or an approver can cancel")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections import Counter
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
 
-from bot.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, add_hook_route, signature
+from bot.hooks import MAX_BODY, SIGNATURE_HEADER, TIMESTAMP_HEADER, add_hook_route, signature
 from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner
@@ -75,3 +79,81 @@ async def test_without_a_secret_hooks_are_refused(store):
         assert resp.status == 401
         assert "OPSLOOP_WEBHOOK_SECRET" in (await resp.json())["error"]
     assert (await store.load(thread_id)).status == "awaiting_job"
+
+
+async def _hook_client(store, kicked: list[str]):
+    app = web.Application()
+    add_hook_route(app, store, SECRET, kicked.append)
+    return TestClient(TestServer(app))
+
+
+async def pieces(body: bytes, size: int):
+    """The body as a chunked upload, a few bytes at a time (what arrives, arrives late)."""
+    for i in range(0, len(body), size):
+        await asyncio.sleep(0.01)
+        yield body[i : i + size]
+
+
+@pytest.mark.parametrize("how", ["two chunks", "many small chunks", "400 KB", "400 KB chunked"])
+async def test_a_signed_body_is_read_whole_however_it_arrives(store, how: str) -> None:
+    thread_id, wait_id = await waiting_thread(store)
+    big = how.startswith("400 KB")
+    result = {"log": "x" * 400_000} if big else {"accuracy": 0.93, "note": "y" * 5000}
+    body = json.dumps(result).encode()
+    kicked: list[str] = []
+    async with await _hook_client(store, kicked) as client:
+        data = (
+            body
+            if how == "400 KB"
+            else pieces(body, len(body) // 2 + 1 if how == "two chunks" else 1000)
+        )
+        resp = await client.post(f"/hooks/{wait_id}", data=data, headers=signed_headers(body))
+        assert resp.status == 200, await resp.text()
+    [finished] = [e for e in await store.select_events(thread_id) if e.type == "wait_finished"]
+    assert finished.result == result
+    assert kicked == [thread_id]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_body_over_the_limit_is_413(store, chunked: bool) -> None:
+    thread_id, wait_id = await waiting_thread(store)
+    body = json.dumps({"log": "x" * (MAX_BODY + 10)}).encode()
+    async with await _hook_client(store, []) as client:
+        data = pieces(body, 256 * 1024) if chunked else body
+        resp = await client.post(f"/hooks/{wait_id}", data=data, headers=signed_headers(body))
+        assert resp.status == 413
+    assert (await store.load(thread_id)).status == "awaiting_job"
+
+
+def _with(body: bytes, name: str, value: str) -> dict[str, str]:
+    return {**signed_headers(body), name: value}
+
+
+def _repeated_stamp(body: bytes) -> CIMultiDict[str]:
+    headers = CIMultiDict(signed_headers(body))
+    headers.add(TIMESTAMP_HEADER, "abc")
+    return headers
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "headers", "status"),
+    [
+        ("non-ASCII signature", b"{}", lambda b: _with(b, SIGNATURE_HEADER, "v0=é"), 401),
+        ("repeated timestamp", b"{}", _repeated_stamp, 401),
+        ("timestamp not a number", b"{}", lambda b: _with(b, TIMESTAMP_HEADER, "abc"), 401),
+        ("deep JSON", b"[" * 100_000 + b"]" * 100_000, signed_headers, 400),
+        ("unsigned deep JSON", b"[" * 100_000 + b"]" * 100_000, lambda b: {}, 401),
+        ("not UTF-8", b'{"a": "\xff"}', signed_headers, 400),
+        ("a list", b"[1, 2]", signed_headers, 400),
+    ],
+)  # fmt: skip
+async def test_hostile_hooks_are_4xx_without_a_traceback(
+    store, caplog, name: str, body: bytes, headers, status: int
+) -> None:
+    caplog.set_level(logging.INFO)
+    thread_id, wait_id = await waiting_thread(store)
+    async with await _hook_client(store, []) as client:
+        resp = await client.post(f"/hooks/{wait_id}", data=body, headers=headers(body))
+        assert resp.status == status, (name, await resp.text())
+    assert (await store.load(thread_id)).status == "awaiting_job"
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []

@@ -1,0 +1,58 @@
+"""The Bolt listeners, module-level functions with typed Bolt arguments.
+
+:func:`register` wires them to an app: each reads its payload (:mod:`bot.payloads`),
+makes one front-door call of :mod:`engine.inputs`, then acks. Refusals are raised and
+told in one place (:mod:`bot.refusals`). Every other event, action, view, shortcut,
+dialog or options request gets a deliberate 2xx: an unmatched request is answered 404,
+and Slack retries those.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+
+from bot.blocks import APPROVE_ACTION, CANCEL_ACTION, REJECT_ACTION, REJECT_CALLBACK
+from bot.listeners import approvals, commands, messages
+from bot.listeners.deps import CONTEXT_KEY, Deps
+from bot.refusals import shown_in_modal, told_privately
+
+ANY = re.compile(".*")
+
+
+async def ignore(ack: AsyncAck) -> None:
+    await ack()
+
+
+async def ignore_options(ack: AsyncAck) -> None:
+    await ack(options=[])
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    async def bind_deps(context: AsyncBoltContext, next: Any) -> Any:
+        context[CONTEXT_KEY] = deps
+        return await next()
+
+    app.use(bind_deps)
+    app.event("app_mention")(messages.on_mention)
+    app.event("message")(messages.on_message)
+    app.event("app_home_opened")(commands.on_home_opened)
+    app.action(APPROVE_ACTION)(told_privately(approvals.on_approve, deps.notify))
+    app.action(REJECT_ACTION)(told_privately(approvals.on_reject, deps.notify))
+    app.action(CANCEL_ACTION)(told_privately(approvals.on_cancel, deps.notify))
+    app.view(REJECT_CALLBACK)(shown_in_modal(approvals.on_reject_submitted))
+    app.command(re.compile(r"^/"))(commands.on_command)
+    # Everything else: a deliberate 2xx.
+    app.event(ANY)(ignore)
+    app.action(ANY)(ignore)
+    app.view(ANY)(ignore)
+    app.view_closed(ANY)(ignore)
+    app.shortcut(ANY)(ignore)
+    app.dialog_submission(ANY)(ignore)
+    app.dialog_cancellation(ANY)(ignore)
+    app.options(ANY)(ignore_options)
+    app.dialog_suggestion(ANY)(ignore_options)

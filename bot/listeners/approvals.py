@@ -1,0 +1,150 @@
+"""The approval card's buttons, the reject modal and the status line's Cancel.
+
+Each listener reads the click, asks the engine once (``engine.inputs``: may this person
+decide this card now, and if so, decide), wakes the worker and acks. A refusal is raised
+as :class:`~bot.refusals.Refusal` and told by the wrapper it is registered with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import payloads as p
+from bot.blocks import REASON_ACTION, REASON_BLOCK, Binding, parse_binding, reject_modal
+from bot.listeners.deps import Deps
+from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
+from engine.errors import ThreadNotFound
+from engine.inputs import Accepted, Decider, Refused, cancel, check_decision, decide_approval
+
+
+async def on_approve(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    d, clicked = Deps.of(context), _click(body)
+    binding = _binding(clicked.value, INVALID_BUTTON)
+    decider = await d.decider(clicked.user, clicked.org)
+    result = await _decide(d, binding, decider, "approve", f"click:{clicked.action_ts}")
+    await ack()
+    _accepted(d, result)
+
+
+async def on_reject(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    """Opens the reason modal, storing nothing, when the clicker may reject the card;
+    otherwise the refusal is recorded now and no modal opens."""
+    d, clicked = Deps.of(context), _click(body)
+    binding = _binding(clicked.value, INVALID_BUTTON)
+    decider = await d.decider(clicked.user, clicked.org)
+    checked = await check_decision(
+        d.store,
+        binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        decider=decider,
+        decision="reject",
+        policy=d.approvers,
+        arguments_hash=binding.arguments_hash,
+        dedupe_key=f"click:{clicked.action_ts}",
+    )
+    if isinstance(checked, Refused):
+        raise Refusal.because(checked.reason)
+    await ack()
+    # The trigger id expires 3 s after the click: open the modal now.
+    modal = reject_modal(
+        thread_id=binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        arguments_hash=binding.arguments_hash,
+        tool_name=checked.intent,
+    )
+    d.background.spawn("views.open", client.views_open(trigger_id=clicked.trigger_id, view=modal))
+
+
+async def on_reject_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    d, submitted = Deps.of(context), p.parse_submission(body)
+    if isinstance(submitted, str):
+        raise Refusal(INVALID_FORM)
+    binding = _binding(submitted.private_metadata, INVALID_FORM)
+    decider = await d.decider(submitted.user, submitted.org)
+    reason = p.view_value(body.get("view") or {}, REASON_BLOCK, REASON_ACTION)
+    result = await _decide(d, binding, decider, "reject", f"view:{submitted.view_id}", reason)
+    await ack()  # closes the modal
+    _accepted(d, result)
+
+
+async def on_cancel(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    d, clicked = Deps.of(context), _click(body)
+    thread_id = clicked.value.strip()
+    dedupe_key = f"click:{clicked.action_ts}"
+    if not thread_id:
+        raise ThreadNotFound("no thread id on the button")
+    if await d.store.find_by_dedupe_key(thread_id, dedupe_key) is not None:
+        await ack()  # a redelivered click: told already
+        d.wake(thread_id)
+        return
+    decider = await d.decider(clicked.user, clicked.org)
+    result = await cancel(
+        d.store,
+        thread_id,
+        by=decider.user,
+        policy=d.approvers,
+        user_groups=decider.groups,
+        org=decider.org,
+        dedupe_key=dedupe_key,
+    )
+    await ack()
+    _accepted(d, result)
+
+
+def _click(body: dict[str, Any]) -> p.Click:
+    clicked = p.parse_click(body)
+    if isinstance(clicked, str):
+        raise Refusal(INVALID_BUTTON)
+    return clicked
+
+
+def _binding(value: str, invalid: str) -> Binding:
+    try:
+        return parse_binding(value)
+    except ValueError:
+        raise Refusal(invalid) from None
+
+
+async def _decide(
+    d: Deps,
+    binding: Binding,
+    decider: Decider,
+    decision: Literal["approve", "reject"],
+    dedupe_key: str,
+    reason: str = "",
+) -> Accepted:
+    """``decision`` on exactly the call the card was made for; refusals raised."""
+    result = await decide_approval(
+        d.store,
+        binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        reviewer=decider.user,
+        decision=decision,
+        policy=d.approvers,
+        reason=reason,
+        arguments_hash=binding.arguments_hash,
+        reviewer_groups=decider.groups,
+        org=decider.org,
+        dedupe_key=dedupe_key,
+    )
+    if isinstance(result, Refused):
+        raise Refusal.because(result.reason)
+    return result
+
+
+def _accepted(d: Deps, result: Accepted | Refused) -> None:
+    if isinstance(result, Refused):
+        raise Refusal.because(result.reason)
+    d.wake(result.thread_id)

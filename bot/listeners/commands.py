@@ -1,0 +1,95 @@
+"""``/opsloop`` (help, pending, status) and the App Home tab: read-only views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import home
+from bot import payloads as p
+from bot.blocks import ACTIVE
+from bot.listeners.deps import Deps
+from bot.mrkdwn import escape
+from bot.reviewers import ReviewerLookupError
+from engine.store import ThreadInfo
+
+LIST_LIMIT = 500  # threads read for /opsloop and the Home tab
+RECENT = 10  # recent threads on the Home tab
+
+
+async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext) -> None:
+    d = Deps.of(context)
+    name = str(command.get("command") or "/opsloop")
+    words = str(command.get("text") or "").split()
+    sub = words[0].lower() if words else "help"
+    url = p.workspace_url(command.get("team_domain")) or d.identity.url
+    if sub == "pending":
+        text = home.pending_text(await _pending_rows(d, str(command.get("user_id")), url))
+    elif sub == "status":
+        text = home.status_text(await _status_rows(d, str(command.get("channel_id")), url))
+    elif sub == "help":
+        text = home.help_text(name)
+    else:
+        text = f"I don't know `{escape(sub)}`.\n" + home.help_text(name)
+    await ack(text=text, response_type="ephemeral")
+
+
+async def on_home_opened(
+    ack: AsyncAck, event: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    await ack()
+    user = event.get("user")
+    if event.get("tab", "home") == "home" and isinstance(user, str) and user:
+        d = Deps.of(context)
+        d.background.spawn("views.publish", _publish_home(d, client, user))
+
+
+def _row(info: ThreadInfo, url: str | None, tool: str | None = None) -> home.ThreadRow:
+    return home.ThreadRow(
+        thread_id=info.id,
+        channel=info.channel,
+        root_ts=info.root_ts,
+        status=info.status,
+        requester=info.requester,
+        updated_at=info.updated_at,
+        link=p.permalink(url, info.channel, info.root_ts),
+        tool=tool,
+    )
+
+
+async def _pending_rows(d: Deps, user: str, url: str | None) -> list[home.ThreadRow]:
+    """Calls awaiting approval that ``user`` may approve, newest first."""
+    try:
+        user_groups = await d.reviewer_groups(user)
+    except ReviewerLookupError:
+        user_groups = frozenset()
+    waiting = await d.store.list_threads(status="awaiting_approval", limit=LIST_LIMIT)
+    mine = [
+        info
+        for info in waiting
+        if d.approvers.check("approve", user, info.requester, user_groups) is None
+    ]
+    rows = []
+    for i, info in enumerate(mine):
+        tool = None
+        if i < home.MAX_LINES:  # the lines shown name their tool
+            state = await d.store.load(info.id)
+            tool = state.pending.intent if state.pending else None
+        rows.append(_row(info, url, tool))
+    return rows
+
+
+async def _status_rows(d: Deps, channel: str, url: str | None) -> list[home.ThreadRow]:
+    threads = await d.store.list_threads(limit=LIST_LIMIT)
+    return [_row(t, url) for t in threads if t.channel == channel and t.status in ACTIVE]
+
+
+async def _publish_home(d: Deps, client: AsyncWebClient, user: str) -> None:
+    url = d.identity.url
+    pending = await _pending_rows(d, user, url)
+    threads = await d.store.list_threads(limit=LIST_LIMIT)
+    recent = [_row(t, url) for t in threads if t.requester == user][:RECENT]
+    await client.views_publish(user_id=user, view=home.home_view(user, pending, recent))

@@ -1,0 +1,105 @@
+"""Refusals in one place: a listener raises :class:`Refusal`; one wrapper acks and tells.
+
+A click refused (not the clicker's to decide, a forged button, a lookup that failed) is
+acknowledged with a 200 and the clicker is told privately (``chat.postEphemeral``); a
+modal's submission refused stays open with the reason under its field
+(``response_action=errors``). ``ThreadNotFound`` (a button naming no thread) and
+``ReviewerLookupError`` (Slack could not say who is in a group) are refusals too.
+Anything else propagates: Bolt answers 500 and Slack delivers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.blocks import REASON_BLOCK
+from bot.mrkdwn import escape, mention
+from bot.reviewers import ReviewerLookupError
+from engine.errors import ThreadNotFound
+
+log = logging.getLogger("opsloop.bot")
+
+INVALID_BUTTON = "This button is not valid (it does not belong to a pending call). Nothing changed."
+INVALID_FORM = "This form is not valid."
+LOOKUP_FAILED = (
+    "I could not check your user groups with Slack just now. Nothing changed: try again "
+    "in a minute."
+)
+
+
+_BY_USER = re.compile(r"\bby ([UW][A-Z0-9]{2,})\b")
+
+
+class Refusal(Exception):
+    """Nothing changed; ``text`` (mrkdwn, escaped) tells the person why, ``plain`` says
+    it where mrkdwn does not render (a modal's error)."""
+
+    def __init__(self, text: str, plain: str | None = None) -> None:
+        super().__init__(text)
+        self.text = text
+        self.plain = plain or text
+
+    @classmethod
+    def because(cls, reason: str) -> Refusal:
+        """The engine's ``reason``, e.g. "already approved by U1 at 12:03 UTC"."""
+        reason = reason.rstrip(".")
+        text = _BY_USER.sub(lambda m: f"by {mention(m.group(1))}", escape(reason))
+        return cls(f"Nothing changed: {text}.", f"Nothing changed: {reason}.")
+
+
+Listener = Callable[[AsyncAck, dict[str, Any], AsyncWebClient, AsyncBoltContext], Awaitable[None]]
+Notify = Callable[[AsyncWebClient, AsyncBoltContext, dict[str, Any], str], None]
+
+
+def _why(exc: Exception, *, plain: bool = False) -> str:
+    if isinstance(exc, Refusal):
+        return exc.plain if plain else exc.text
+    if isinstance(exc, ReviewerLookupError):
+        return LOOKUP_FAILED
+    return INVALID_BUTTON
+
+
+def told_privately(listener: Listener, notify: Notify) -> Listener:
+    """``listener`` for a click: a refusal is acked and told to the clicker alone."""
+
+    async def click(
+        ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+    ) -> None:
+        try:
+            await listener(ack, body, client, context)
+        except (Refusal, ThreadNotFound, ReviewerLookupError) as exc:
+            if ack.response is None:
+                await ack()
+            notify(client, context, body, _why(exc))
+
+    click.__name__ = listener.__name__
+    return click
+
+
+def shown_in_modal(listener: Listener) -> Listener:
+    """``listener`` for a modal: a refusal keeps it open, the reason under its field."""
+
+    async def submission(
+        ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+    ) -> None:
+        try:
+            await listener(ack, body, client, context)
+        except (Refusal, ThreadNotFound, ReviewerLookupError) as exc:
+            why = INVALID_FORM if isinstance(exc, ThreadNotFound) else _why(exc, plain=True)
+            await ack(response_action="errors", errors={REASON_BLOCK: plain(why)})
+
+    submission.__name__ = listener.__name__
+    return submission
+
+
+def plain(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` (a modal's error is plain text)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
