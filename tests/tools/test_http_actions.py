@@ -1,0 +1,439 @@
+"""HTTP actions from config, against a local upstream on an ephemeral port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tools import RetryableToolError, ToolContext, ToolError, ToolLoadError
+from tools.http_actions import (
+    AllowedHost,
+    HttpAction,
+    HttpActionLoadError,
+    HttpActions,
+    retry_after_seconds,
+)
+from tools.registry import Tool
+
+SECRET = "s3cr3t-platform-token-0042"
+SERVICE = {
+    "type": "object",
+    "properties": {
+        "service": {"type": "string"},
+        "note": {"type": "string"},
+        "count": {"type": "integer"},
+        "reason": {"type": "string"},
+    },
+    "required": ["service"],
+}
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Seen:
+    method: str
+    raw_path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+async def _echo(request: web.Request) -> web.StreamResponse:
+    return web.json_response(
+        {"path": request.raw_path, "auth": request.headers.get("Authorization")}
+    )
+
+
+@dataclass
+class Upstream:
+    """A platform API stand-in: records every request, answers with ``answers`` in turn."""
+
+    answers: list[Answer] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    port: int = 0
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(
+            Seen(request.method, request.raw_path, dict(request.headers), await request.read())
+        )
+        answer = self.answers.pop(0) if self.answers else _echo
+        return await answer(request)
+
+
+async def _serve(up: Upstream) -> web.AppRunner:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", up.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    up.port = runner.addresses[0][1]
+    return runner
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    runner = await _serve(up)
+    try:
+        yield up
+    finally:
+        up.release.set()  # lets a held answer (the timeout test) finish
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def other_upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    runner = await _serve(up)
+    try:
+        yield up
+    finally:
+        await runner.cleanup()
+
+
+def _action(url: str, **kw: Any) -> HttpAction:
+    base: dict[str, Any] = {
+        "name": "restart_service",
+        "description": "Restart one service through the platform API.",
+        "method": "POST",
+        "url": url,
+        "arguments": SERVICE,
+        "headers": {"Authorization": f"Bearer {SECRET}"},
+    }
+    return HttpAction(**{**base, **kw})
+
+
+def _ctx(attempt: int = 1) -> ToolContext:
+    return ToolContext(
+        thread_id="th_1", tool_call_id="tc_1", idempotency_key="th_1:tc_1", attempt=attempt
+    )
+
+
+@pytest.fixture
+async def opened() -> AsyncIterator[Callable[..., Awaitable[Tool]]]:
+    """``await opened(action, allow=[...])`` gives the action's tool; closed afterwards."""
+    sources: list[HttpActions] = []
+
+    async def make(action: HttpAction, allow: list[str] | None = None) -> Tool:
+        source = HttpActions([action], allow if allow is not None else ["127.0.0.1"])
+        sources.append(source)
+        [tool] = await source.open()
+        return tool
+
+    yield make
+    for source in sources:
+        await source.close()
+
+
+async def _run(tool: Tool, args: dict[str, Any], ctx: ToolContext | None = None) -> Any:
+    return await tool.run(tool.parse_arguments(args), ctx or _ctx())
+
+
+def _reply(status: int, body: str = "", **headers: str) -> Answer:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, text=body, headers=headers)
+
+    return answer
+
+
+# --- what is sent ------------------------------------------------------------------------
+
+
+async def test_placeholders_are_url_encoded_into_the_path_and_query(upstream, opened) -> None:
+    url = f"{upstream.base}/api/services/{{service}}/restart?note={{note}}"
+    tool = await opened(_action(url, arguments={**SERVICE, "required": ["service", "note"]}))
+    await _run(tool, {"service": "../admin/x?y#z w", "note": "a&b=c#d e"})
+    [seen] = upstream.seen
+    assert seen.raw_path == (
+        "/api/services/..%2Fadmin%2Fx%3Fy%23z%20w/restart?note=a%26b%3Dc%23d%20e"
+    )
+
+
+@pytest.mark.parametrize("service", ["..", ".", ""])
+async def test_a_value_that_would_move_in_the_path_is_refused(upstream, opened, service) -> None:
+    tool = await opened(_action(f"{upstream.base}/api/services/{{service}}/restart"))
+    with pytest.raises(ToolError) as info:
+        await _run(tool, {"service": service})
+    assert not isinstance(info.value, RetryableToolError)
+    assert upstream.seen == []
+
+
+async def test_header_and_body_templates_are_filled_keeping_json_types(upstream, opened) -> None:
+    action = _action(
+        f"{upstream.base}/api/restart",
+        headers={"Authorization": f"Bearer {SECRET}", "X-Service": "svc-{service}"},
+        body={
+            "service": "{service}",
+            "count": "{count}",
+            "text": "restart {service} x{count}",
+            "list": ["{count}", "{reason}"],
+            "reason": "{reason}",
+            "literal": "{not_an_argument}",
+        },
+    )
+    tool = await opened(action)
+    await _run(tool, {"service": "api", "count": 3})
+    [seen] = upstream.seen
+    assert seen.headers["X-Service"] == "svc-api"
+    assert seen.headers["Authorization"] == f"Bearer {SECRET}"
+    assert json.loads(seen.body) == {
+        "service": "api",
+        "count": 3,
+        "text": "restart api x3",
+        "list": [3, None],
+        "literal": "{not_an_argument}",
+    }
+
+
+async def test_a_header_naming_an_absent_argument_is_left_out(upstream, opened) -> None:
+    tool = await opened(_action(f"{upstream.base}/x", headers={"X-Reason": "{reason}"}))
+    await _run(tool, {"service": "api"})
+    await _run(tool, {"service": "api", "reason": "deploy stuck"})
+    assert "X-Reason" not in upstream.seen[0].headers
+    assert upstream.seen[1].headers["X-Reason"] == "deploy stuck"
+
+
+async def test_a_line_break_cannot_go_into_a_header(upstream, opened) -> None:
+    tool = await opened(_action(f"{upstream.base}/x", headers={"X-Reason": "{reason}"}))
+    with pytest.raises(ToolError, match="line break"):
+        await _run(tool, {"service": "api", "reason": "a\r\nX-Admin: 1"})
+    assert upstream.seen == []
+
+
+async def test_without_a_body_template_post_sends_the_other_arguments_as_json(
+    upstream, opened
+) -> None:
+    tool = await opened(_action(f"{upstream.base}/api/services/{{service}}/restart"))
+    await _run(tool, {"service": "api", "count": 2, "note": "hi"})
+    [seen] = upstream.seen
+    assert seen.headers["Content-Type"] == "application/json"
+    assert json.loads(seen.body) == {"count": 2, "note": "hi"}
+
+
+async def test_a_configured_content_type_replaces_ours(upstream, opened) -> None:
+    tool = await opened(
+        _action(f"{upstream.base}/x", headers={"content-type": "application/vnd.acme+json"})
+    )
+    await _run(tool, {"service": "api"})
+    [seen] = upstream.seen
+    assert seen.headers["Content-Type"] == "application/vnd.acme+json"
+
+
+async def test_without_a_body_template_get_sends_the_other_arguments_as_query(
+    upstream, opened
+) -> None:
+    tool = await opened(_action(f"{upstream.base}/api/{{service}}?v=1", method="GET"))
+    await _run(tool, {"service": "api", "count": 2, "note": "a b&c"})
+    [seen] = upstream.seen
+    assert seen.method == "GET" and seen.body == b""
+    assert seen.raw_path == "/api/api?v=1&count=2&note=a%20b%26c"
+
+
+async def test_the_idempotency_key_is_sent_and_the_same_on_a_retried_attempt(
+    upstream, opened
+) -> None:
+    tool = await opened(_action(f"{upstream.base}/x", idempotency_header="Idempotency-Key"))
+    assert tool.idempotent is True and tool.policy == "approve_before_run"
+    assert tool.source == "http"
+    upstream.answers.append(_reply(503, "busy"))
+    with pytest.raises(RetryableToolError):
+        await _run(tool, {"service": "api"}, _ctx(attempt=1))
+    await _run(tool, {"service": "api"}, _ctx(attempt=2))
+    assert [s.headers.get("Idempotency-Key") for s in upstream.seen] == ["th_1:tc_1"] * 2
+
+
+async def test_without_an_idempotency_header_the_tool_is_not_idempotent(upstream, opened) -> None:
+    tool = await opened(_action(f"{upstream.base}/x"))
+    assert tool.idempotent is False
+    await _run(tool, {"service": "api"})
+    assert "th_1:tc_1" not in upstream.seen[0].headers.values()
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+async def test_a_2xx_json_answer_is_parsed_and_keeps_its_status(upstream, opened) -> None:
+    upstream.answers.append(lambda r: _json(202, {"job": 7}))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    assert await _run(tool, {"service": "api"}) == {"status": 202, "body": {"job": 7}}
+
+
+async def _json(status: int, value: Any) -> web.StreamResponse:
+    return web.json_response(value, status=status)
+
+
+async def test_a_2xx_text_answer_is_text(upstream, opened) -> None:
+    upstream.answers.append(_reply(200, "restarted"))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    assert await _run(tool, {"service": "api"}) == {"status": 200, "body": "restarted"}
+
+
+async def test_a_404_is_an_error_the_model_sees(upstream, opened) -> None:
+    upstream.answers.append(_reply(404, "no such\n service 'db'"))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(ToolError) as info:
+        await _run(tool, {"service": "db"})
+    assert not isinstance(info.value, RetryableToolError)
+    assert str(info.value) == "HTTP 404 from 127.0.0.1: no such service 'db'"
+
+
+async def test_a_503_with_retry_after_seconds_is_retryable_with_that_delay(
+    upstream, opened
+) -> None:
+    upstream.answers.append(_reply(503, "maintenance", **{"Retry-After": "7"}))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(RetryableToolError) as info:
+        await _run(tool, {"service": "api"})
+    assert info.value.retry_after == 7
+    assert "HTTP 503 from 127.0.0.1" in str(info.value)
+
+
+async def test_a_429_with_an_http_date_is_retryable_until_that_date(upstream, opened) -> None:
+    when = formatdate(time.time() + 120, usegmt=True)
+    upstream.answers.append(_reply(429, "slow down", **{"Retry-After": when}))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(RetryableToolError) as info:
+        await _run(tool, {"service": "api"})
+    assert info.value.retry_after is not None and 110 < info.value.retry_after <= 120
+
+
+def test_retry_after_reads_seconds_dates_and_ignores_garbage() -> None:
+    now = 1_700_000_000.0
+    assert retry_after_seconds("3", now) == 3
+    assert retry_after_seconds(formatdate(now + 30, usegmt=True), now) == 30
+    assert retry_after_seconds(formatdate(now - 30, usegmt=True), now) == 0
+    assert retry_after_seconds("soon", now) is None
+    assert retry_after_seconds(None, now) is None
+
+
+async def test_connection_refused_is_retryable(opened) -> None:
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tool = await opened(_action(f"http://127.0.0.1:{port}/x"))
+    with pytest.raises(RetryableToolError, match=r"cannot reach 127\.0\.0\.1"):
+        await _run(tool, {"service": "api"})
+
+
+async def test_a_timeout_is_retryable(upstream, opened) -> None:
+    async def hold(request: web.Request) -> web.StreamResponse:
+        await upstream.release.wait()
+        return web.Response(text="late")
+
+    upstream.answers.append(hold)
+    tool = await opened(_action(f"{upstream.base}/x", timeout_s=0.2))
+    with pytest.raises(RetryableToolError, match=r"timed out after 0\.2s"):
+        await _run(tool, {"service": "api"})
+
+
+async def test_a_redirect_to_another_host_is_not_followed(upstream, other_upstream, opened) -> None:
+    where = f"http://localhost:{other_upstream.port}/steal"
+    upstream.answers.append(_reply(302, "", Location=where))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(ToolError, match=r"HTTP 302 from 127\.0\.0\.1.*not followed") as info:
+        await _run(tool, {"service": "api"})
+    assert not isinstance(info.value, RetryableToolError)
+    assert other_upstream.seen == [] and len(upstream.seen) == 1
+
+
+# --- allowed hosts -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "allow", "needle"),
+    [
+        ("https://evil.example/x", ["platform.internal"], "host 'evil.example' is not in"),
+        ("https://platform.internal:8443/x", ["platform.internal:443"], "is not in"),
+        ("https://{tenant}.platform.internal/x", ["platform.internal"], "only in the url's path"),
+        ("https://platform.internal/{nope}", ["platform.internal"], "{nope} must be a required"),
+        ("https://u:p@platform.internal/x", ["platform.internal"], "must not hold credentials"),
+        ("ftp://platform.internal/x", ["platform.internal"], "http:// or https://"),
+    ],
+)
+async def test_startup_refuses_an_action_in_one_line_naming_it(url, allow, needle) -> None:
+    source = HttpActions([_action(url)], allow)
+    with pytest.raises(HttpActionLoadError) as info:
+        await source.open()
+    text = str(info.value)
+    assert isinstance(info.value, ToolLoadError)
+    assert text.startswith("tools.http.restart_service: ") and needle in text
+    assert "\n" not in text and SECRET not in text
+    await source.close()
+
+
+async def test_an_allowed_host_with_a_port_allows_only_that_port(upstream) -> None:
+    action = _action(f"{upstream.base}/x")
+    source = HttpActions([action], [f"127.0.0.1:{upstream.port}"])
+    assert len(await source.open()) == 1
+    await source.close()
+    with pytest.raises(HttpActionLoadError, match=r"is not in tools\.http_allow_hosts"):
+        await HttpActions([action], [f"127.0.0.1:{upstream.port + 1}"]).open()
+
+
+async def test_startup_refuses_a_bad_allowed_host_entry_in_one_line() -> None:
+    source = HttpActions([_action("https://platform.internal/x")], ["https://platform.internal"])
+    with pytest.raises(HttpActionLoadError) as info:
+        await source.open()
+    assert str(info.value) == (
+        "tools.http_allow_hosts: entry 'https://platform.internal' is not a host or host:port"
+    )
+
+
+def test_allowed_host_entries() -> None:
+    assert AllowedHost.parse("Platform.Internal") == AllowedHost("platform.internal")
+    assert AllowedHost.parse("10.0.0.5:8080") == AllowedHost("10.0.0.5", 8080)
+    assert AllowedHost.parse("[::1]:8080") == AllowedHost("::1", 8080)
+    assert AllowedHost.parse("::1") == AllowedHost("::1")
+    for bad in ("host:http", "https://host", "host:0", ""):
+        with pytest.raises(ValueError):
+            AllowedHost.parse(bad)
+
+
+# --- secrets -----------------------------------------------------------------------------
+
+
+async def test_secrets_stay_out_of_errors_results_reprs_and_logs(upstream, opened, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def echo_auth(status: int) -> Answer:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            return web.Response(status=status, text=f"bad token {request.headers['Authorization']}")
+
+        return answer
+
+    upstream.answers += [await echo_auth(401), await echo_auth(500), await echo_auth(200)]
+    action = _action(f"{upstream.base}/x")
+    tool = await opened(action)
+    texts = []
+    for _ in range(2):
+        with pytest.raises(ToolError) as info:
+            await _run(tool, {"service": "api"})
+        texts.append(str(info.value))
+    texts.append(json.dumps(await _run(tool, {"service": "api"})))
+    texts += [repr(action), repr(HttpActions([action], [])), repr(tool), caplog.text]
+    assert upstream.seen[0].headers["Authorization"] == f"Bearer {SECRET}"
+    assert "[redacted]" in texts[0] and "[redacted]" in texts[2]
+    assert not [t for t in texts if SECRET in t]
+
+
+async def test_close_is_safe_twice(upstream) -> None:
+    source = HttpActions([_action(f"{upstream.base}/x")], ["127.0.0.1"])
+    await source.open()
+    await source.close()
+    await source.close()

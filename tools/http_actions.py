@@ -1,0 +1,478 @@
+"""HTTP actions from ``opsloop.yaml`` (``tools.http.<name>``): one request per tool call.
+
+Each action becomes a :class:`Tool` (``source="http"``, approval before running,
+idempotent only with an ``idempotency_header``). What a call sends:
+
+- URL: ``{arg}`` placeholders only in the path and the query, every value URL-encoded
+  with nothing kept (``/ ? # %`` and spaces too), so a value can neither change the host
+  nor add a path segment; a value making a ``.``/``..`` segment, or an empty path value,
+  is refused. The final URL's host is checked against ``tools.http_allow_hosts`` again.
+- Headers: ``{arg}`` is replaced by the value; a header naming an argument the call did
+  not give is left out, and a value with a line break is refused.
+- Body: with a ``body`` template, its string leaves are filled in (a leaf that is exactly
+  ``"{arg}"`` takes the argument with its JSON type; a member whose argument is absent is
+  left out). Without one, the arguments not used in the URL go as a JSON object for
+  POST/PUT/PATCH and as query parameters for GET/DELETE.
+- The idempotency header, when configured, carries ``ctx.idempotency_key`` (the same on
+  every attempt of one call). Redirects are not followed.
+
+Values that are not strings are written as JSON (``true``, ``3``). Only names declared in
+the argument schema are placeholders; other braces are left as they are.
+
+Answers: 2xx is ``{"status": ..., "body": <JSON or text>}``; 408, 429, 5xx, connection
+errors and timeouts raise :class:`RetryableToolError` (honouring ``Retry-After``); any
+other status raises :class:`ToolError` naming the status and host with a short excerpt.
+Header values may be secrets: they are never logged, never in a repr, and removed from
+any answer text that echoes them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import yarl
+from multidict import CIMultiDict
+
+from tools.context import ToolContext
+from tools.errors import RetryableToolError, ToolError, ToolLoadError
+from tools.registry import Tool
+from tools.schema_tool import SchemaArguments, schema_tool
+
+log = logging.getLogger(__name__)
+
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_LINE_BREAK = re.compile(r"[\r\n\x00]")
+_DOT_SEGMENTS = frozenset({".", "..", "%2e", ".%2e", "%2e.", "%2e%2e"})
+# Headers that never hold a credential, so answers echoing them are left alone.
+_PLAIN_HEADERS = frozenset({"accept", "accept-language", "content-type", "user-agent"})
+_MAX_BODY_BYTES = 1 << 20
+_EXCERPT_CHARS = 200
+_REDACTED = "[redacted]"
+
+
+@dataclass(frozen=True)
+class HttpAction:
+    """One ``tools.http.<name>`` entry, ``${VAR}`` already substituted.
+
+    ``body`` None means no template (see the module docstring for what is sent then).
+    """
+
+    name: str
+    description: str
+    method: str
+    url: str
+    arguments: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    idempotency_header: str | None = None
+    timeout_s: float = 30.0
+
+    def __repr__(self) -> str:
+        # Header values and the body template may hold secrets: names only.
+        return (
+            f"HttpAction(name={self.name!r}, method={self.method!r}, "
+            f"host={_host_of(self.url)!r}, headers={sorted(self.headers)!r})"
+        )
+
+
+class HttpActionLoadError(ToolLoadError):
+    """HTTP actions cannot be loaded; str() is one line naming the config key."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        # ToolLoadError's own message speaks of importing a module; say what is wrong here.
+        ToolError.__init__(self, f"{key}: {problem}")
+        self.module = key
+        self.cause = ValueError(problem)
+
+
+# --- allowed hosts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllowedHost:
+    """``host`` (any port) or ``host:port`` from ``tools.http_allow_hosts``."""
+
+    host: str
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, entry: str) -> AllowedHost:
+        text = entry.strip().lower()
+        if not text or "/" in text or "@" in text:
+            raise ValueError(f"entry {entry!r} is not a host or host:port")
+        host, port = text, None
+        if text.startswith("["):  # [v6] or [v6]:port
+            end = text.find("]")
+            host, rest = text[1:end], text[end + 1 :]
+            if end < 0 or (rest and not rest.startswith(":")):
+                raise ValueError(f"entry {entry!r} is not a host or host:port")
+            port = _port(entry, rest[1:]) if rest else None
+        elif text.count(":") == 1:
+            host, raw = text.split(":")
+            port = _port(entry, raw)
+        if not host:
+            raise ValueError(f"entry {entry!r} has no host")
+        return cls(host=host.rstrip("."), port=port)
+
+    def allows(self, host: str, port: int) -> bool:
+        return self.host == host and (self.port is None or self.port == port)
+
+
+def _port(entry: str, raw: str) -> int:
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError(f"entry {entry!r} has a bad port")
+    return int(raw)
+
+
+def _host_of(url: str) -> str:
+    try:
+        return (urlsplit(url).hostname or "").rstrip(".")
+    except ValueError:
+        return ""
+
+
+def _allowed(url: str, allow: Iterable[AllowedHost]) -> bool:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    host = _host_of(url)
+    return bool(host) and any(a.allows(host, port) for a in allow)
+
+
+# --- checking an action at startup -------------------------------------------------------
+
+
+def check_action(action: HttpAction, allow: Iterable[AllowedHost]) -> None:
+    """Refuse an action whose URL, method or timeout cannot be used; one line."""
+
+    def fail(problem: str) -> HttpActionLoadError:
+        return HttpActionLoadError(f"tools.http.{action.name}", problem)
+
+    if action.method.upper() not in METHODS:
+        raise fail(f"method {action.method!r} is not one of {', '.join(sorted(METHODS))}")
+    if not action.timeout_s > 0:
+        raise fail("timeout must be more than 0 seconds")
+    try:
+        parts = urlsplit(action.url)
+    except ValueError:
+        raise fail("url is not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise fail("url must be an absolute http:// or https:// URL")
+    if _PLACEHOLDER.search(parts.netloc) or "{" in parts.netloc:
+        raise fail("placeholders may appear only in the url's path and query")
+    if parts.username or parts.password:
+        raise fail("url must not hold credentials; put them in headers")
+    if parts.fragment:
+        raise fail("url must not have a #fragment")
+    if not _allowed(action.url, allow):
+        raise fail(f"host {_host_of(action.url)!r} is not in tools.http_allow_hosts")
+    properties = action.arguments.get("properties") or {}
+    required = set(action.arguments.get("required") or ())
+    for name in _PLACEHOLDER.findall(parts.path + parts.query):
+        if name not in properties or name not in required:
+            raise fail(f"url placeholder {{{name}}} must be a required argument")
+    if _has_dot_segment(_PLACEHOLDER.sub("x", parts.path)):
+        raise fail("url path must not have '.' or '..' segments")
+
+
+def _has_dot_segment(path: str) -> bool:
+    return any(seg.lower() in _DOT_SEGMENTS for seg in path.split("/"))
+
+
+# --- filling in the templates ------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _fill(template: str, args: Mapping[str, Any], known: Iterable[str], encode: bool) -> str:
+    names = set(known)
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in names:
+            return m.group(0)
+        value = _text(args.get(name, ""))
+        return quote(value, safe="") if encode else value
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def _used(template: str, known: Iterable[str]) -> set[str]:
+    names = set(known)
+    return {n for n in _PLACEHOLDER.findall(template) if n in names}
+
+
+_ABSENT = object()  # a whole-string placeholder whose argument the call did not give
+
+
+def _fill_body(node: Any, args: Mapping[str, Any], known: set[str]) -> Any:
+    """The body template with arguments in; ``_ABSENT`` for a whole-string missing one."""
+    if isinstance(node, str):
+        whole = _PLACEHOLDER.fullmatch(node)
+        if whole and whole.group(1) in known:
+            return args.get(whole.group(1), _ABSENT)
+        return _fill(node, args, known, encode=False)
+    if isinstance(node, dict):
+        filled = {k: _fill_body(v, args, known) for k, v in node.items()}
+        return {k: v for k, v in filled.items() if v is not _ABSENT}
+    if isinstance(node, list):
+        return [None if (v := _fill_body(x, args, known)) is _ABSENT else v for x in node]
+    return node
+
+
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    url: str
+    headers: CIMultiDict[str]
+    data: bytes | None
+
+
+def build_request(action: HttpAction, args: Mapping[str, Any], idempotency_key: str) -> _Request:
+    """The request one call sends (pure); ``ToolError`` for arguments that cannot go in it."""
+    known = set((action.arguments.get("properties") or {}).keys())
+    parts = urlsplit(action.url)
+    for name in _used(parts.path, known):
+        if _text(args.get(name, "")) == "":
+            raise ToolError(f"argument {name!r} may not be empty: it is part of the URL path")
+    path = _fill(parts.path, args, known, encode=True)
+    if _has_dot_segment(path):
+        raise ToolError("an argument may not be '.' or '..': it is part of the URL path")
+    query = _fill(parts.query, args, known, encode=True)
+    in_url = _used(parts.path + parts.query, known)
+    rest = {k: v for k, v in args.items() if k not in in_url}
+    method = action.method.upper()
+    data: bytes | None = None
+    headers: CIMultiDict[str] = CIMultiDict()  # a configured Content-Type replaces ours
+    if action.body is not None:
+        data = json.dumps(_fill_body(action.body, args, known), ensure_ascii=False).encode()
+    elif method in _BODY_METHODS:
+        data = json.dumps(rest, ensure_ascii=False).encode()
+    elif rest:
+        extra = urlencode(_query_pairs(rest), quote_via=quote, safe="")
+        query = f"{query}&{extra}" if query else extra
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    for name, template in action.headers.items():
+        used = _used(template, known)
+        if any(n not in args for n in used):
+            continue  # an optional argument the call did not give
+        value = _fill(template, args, known, encode=False)
+        if _LINE_BREAK.search(value):
+            raise ToolError(f"header {name!r}: an argument in it holds a line break")
+        headers[name] = value
+    if action.idempotency_header:
+        headers[action.idempotency_header] = idempotency_key
+    url = urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+    return _Request(method=method, url=url, headers=headers, data=data)
+
+
+def _query_pairs(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for key, value in args.items():
+        for item in value if isinstance(value, list) else [value]:
+            pairs.append((key, _text(item)))
+    return pairs
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """``Retry-After`` as seconds from ``now`` (epoch seconds): delay-seconds or an HTTP date."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC by RFC 5322
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
+
+
+def _secrets_of(action: HttpAction) -> list[str]:
+    """Configured header text that may be a credential (longest first, for redaction)."""
+    found: set[str] = set()
+    for name, template in action.headers.items():
+        if name.lower() in _PLAIN_HEADERS:
+            continue
+        if not _PLACEHOLDER.search(template) and template.strip():
+            found.add(template.strip())
+        found.update(t for t in template.split() if len(t) >= 8 and "{" not in t)
+    return sorted(found, key=len, reverse=True)
+
+
+def _redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, _REDACTED)
+    return text
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _EXCERPT_CHARS else flat[:_EXCERPT_CHARS] + "…"
+
+
+async def _read_text(resp: aiohttp.ClientResponse) -> tuple[str, bool]:
+    """The body as text, cut at ``_MAX_BODY_BYTES``; True when it was cut."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_BODY_BYTES:
+            break
+    raw = b"".join(chunks)
+    cut = len(raw) > _MAX_BODY_BYTES
+    return raw[:_MAX_BODY_BYTES].decode(resp.charset or "utf-8", errors="replace"), cut
+
+
+def _parse_body(resp: aiohttp.ClientResponse, text: str, cut: bool) -> Any:
+    if not text:
+        return None
+    if not cut and (resp.content_type == "application/json" or resp.content_type.endswith("+json")):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text + ("… [cut at 1 MiB]" if cut else "")
+
+
+def _is_retryable(status: int) -> bool:
+    return status in (408, 429) or 500 <= status <= 599
+
+
+# --- the source --------------------------------------------------------------------------
+
+
+class HttpActions:
+    """The ``tools.http`` actions as a :class:`~tools.sources.ToolSource`."""
+
+    name = "http"
+
+    def __init__(self, actions: Iterable[HttpAction], allow_hosts: Iterable[str]) -> None:
+        self.actions = list(actions)
+        self.allow_hosts = list(allow_hosts)
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"HttpActions({[a.name for a in self.actions]!r})"
+
+    async def open(self) -> list[Tool]:
+        """Check every action against the allowed hosts and build its tool."""
+        allow = []
+        for entry in self.allow_hosts:
+            try:
+                allow.append(AllowedHost.parse(entry))
+            except ValueError as exc:
+                raise HttpActionLoadError("tools.http_allow_hosts", str(exc)) from None
+        tools = []
+        for action in self.actions:
+            check_action(action, allow)
+            try:
+                tools.append(self._tool(action, allow))
+            except ToolError as exc:
+                raise HttpActionLoadError(f"tools.http.{action.name}", str(exc)) from None
+        if self._session is None:
+            # No cookie jar: one call's cookies must not ride along with the next.
+            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+        return tools
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _tool(self, action: HttpAction, allow: list[AllowedHost]) -> Tool:
+        secrets = _secrets_of(action)
+
+        async def call(args: SchemaArguments, ctx: ToolContext) -> dict[str, Any]:
+            return await self._call(action, allow, secrets, args.as_dict(), ctx)
+
+        return schema_tool(
+            name=action.name,
+            description=action.description,
+            schema=dict(action.arguments),
+            func=call,
+            policy="approve_before_run",
+            source="http",
+            idempotent=bool(action.idempotency_header),
+        )
+
+    async def _call(
+        self,
+        action: HttpAction,
+        allow: list[AllowedHost],
+        secrets: list[str],
+        args: dict[str, Any],
+        ctx: ToolContext,
+    ) -> dict[str, Any]:
+        if self._session is None:
+            raise RuntimeError("HttpActions is not open")
+        req = build_request(action, args, ctx.idempotency_key)
+        host = _host_of(req.url)
+        if not _allowed(req.url, allow):  # cannot happen by construction; checked anyway
+            raise ToolError(f"host {host!r} is not in tools.http_allow_hosts")
+        try:
+            async with self._session.request(
+                req.method,
+                yarl.URL(req.url, encoded=True),  # as built: no re-quoting, no '..' folding
+                headers=req.headers,
+                data=req.data,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=action.timeout_s),
+            ) as resp:
+                text, cut = await _read_text(resp)
+        except TimeoutError:
+            raise RetryableToolError(
+                f"HTTP request to {host} timed out after {action.timeout_s:g}s"
+            ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise RetryableToolError(f"cannot reach {host}: {type(exc).__name__}") from None
+        except aiohttp.ClientError as exc:
+            raise ToolError(f"HTTP request to {host} failed: {type(exc).__name__}") from None
+        text = _redact(text, secrets)
+        log.info(
+            "http action=%s method=%s host=%s status=%s thread_id=%s tool_call_id=%s attempt=%s",
+            action.name,
+            req.method,
+            host,
+            resp.status,
+            ctx.thread_id,
+            ctx.tool_call_id,
+            ctx.attempt,
+        )
+        if 200 <= resp.status <= 299:
+            return {"status": resp.status, "body": _parse_body(resp, text, cut)}
+        detail = _excerpt(text) or (resp.reason or "")
+        message = f"HTTP {resp.status} from {host}" + (f": {detail}" if detail else "")
+        if 300 <= resp.status <= 399:
+            message += " (redirects are not followed)"
+        if _is_retryable(resp.status):
+            wait = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
+            raise RetryableToolError(message, retry_after=wait)
+        raise ToolError(message)
