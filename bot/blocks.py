@@ -38,9 +38,9 @@ from bot.limits import (
     MAX_VIEW_TITLE,
     Block,
 )
-from bot.mrkdwn import date, escape, inline_code, mention, truncate
+from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
 from engine import events as ev
-from engine.state import ThreadState
+from engine.state import SaidSince, ThreadState
 from engine.trace import summarize
 
 # Moved to bot.limits; still importable from here.
@@ -65,6 +65,7 @@ REASON_MAX_LENGTH = 2000  # our limit on a reject reason
 
 LINE_EXCERPT = 300  # a compact line shows this much of arguments, outputs, errors
 CARD_ARGUMENTS = 2800
+NOTE_EXCERPT = 150  # a card quotes this much of a message written since it was posted
 
 # Events shown by event_line; the approval events are shown by the card instead.
 SHOWN_TYPES = frozenset(
@@ -98,6 +99,19 @@ class CallLike(Protocol):
     def intent(self) -> str: ...
     @property
     def arguments(self) -> dict[str, Any]: ...
+
+
+People = frozenset[str]  # the Slack user ids of a thread's people: named as mentions
+
+
+class Notes(NamedTuple):
+    """Messages people wrote while a card was open: the latest few, and how many."""
+
+    latest: Sequence[SaidSince] = ()
+    count: int = 0
+
+
+NO_NOTES = Notes()
 
 
 class Binding(NamedTuple):
@@ -205,11 +219,15 @@ def approval_card(
     reason: str,
     expires_at: datetime,
     arguments_hash: str | None = None,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
 ) -> list[Block]:
     """The card asking a reviewer to approve ``call``, bound to it by its arguments hash.
 
     ``arguments_hash`` defaults to ``call.arguments_hash`` (a ``PendingCall`` has it; a
     ``tool_call_requested`` event does not, so pass the ``approval_requested`` one).
+    ``notes``: what people wrote since the card was posted, shown before the buttons.
+    ``people``: user ids named as mentions in the model's reason.
     """
     args_hash = arguments_hash or getattr(call, "arguments_hash", "")
     if not args_hash:
@@ -235,11 +253,10 @@ def approval_card(
         "elements": [approve, _button("Reject", REJECT_ACTION, value, "danger")],
     }
     expiry = _context(f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}")
-    return [
-        *_card_body(f"Approval needed: {call.intent}", thread_id, requester, call, reason),
-        expiry,
-        actions,
-    ]
+    body = _card_body(
+        f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people
+    )
+    return [*body, expiry, actions]
 
 
 _OUTCOME_TITLES: dict[str, str] = {
@@ -262,34 +279,44 @@ def decided_card(
     at: datetime,
     decision_reason: str = "",
     arguments_hash: str | None = None,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
 ) -> list[Block]:
     """The card after the decision: no buttons, and who decided what, when and why.
 
     Takes the inputs of :func:`approval_card` (``reason`` stays the model's stated
-    reason) plus the outcome; ``decision_reason`` is the reviewer's reject reason.
+    reason, ``notes`` what people wrote while it was open) plus the outcome;
+    ``decision_reason`` is the reviewer's reject reason.
     """
     del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
+    # Slack renders the date as "today at 6:25 PM" or "Dec 1st at 6:25 PM": no "at".
     when = date(at)
     if outcome == "approved":
-        line = f"✅ Approved by {mention(by)} at {when}"
+        line = f"✅ Approved by {mention(by)} {when}"
     elif outcome == "rejected":
-        line = f"❌ Rejected by {mention(by)} at {when}"
+        line = f"❌ Rejected by {mention(by)} {when}"
         if decision_reason.strip():
             line += f" — {escape(decision_reason.strip())}"
     elif outcome == "expired":
-        line = f"⌛ Expired at {when}: nobody decided in time"
+        line = f"⌛ Expired {when}: nobody decided in time"
     else:
-        line = f"🚫 Cancelled by {mention(by)} at {when}" if by else f"🚫 Cancelled at {when}"
+        line = f"🚫 Cancelled by {mention(by)} {when}" if by else f"🚫 Cancelled {when}"
     title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
     return [
-        *_card_body(title, thread_id, requester, call, reason),
+        *_card_body(title, thread_id, requester, call, reason, notes, people),
         _context(f"call {inline_code(call.tool_call_id)}"),
         _section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
     ]
 
 
 def _card_body(
-    title: str, thread_id: str, requester: str | None, call: CallLike, reason: str
+    title: str,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
 ) -> list[Block]:
     who = {
         "type": "section",
@@ -304,25 +331,56 @@ def _card_body(
         CARD_ARGUMENTS - len(label),
         md.trace_pointer(thread_id),
     )
-    why = escape(reason.strip()) if reason.strip() else "_The model gave no reason._"
-    why = truncate(f"*Why*\n{why}", MAX_TEXT, md.trace_pointer(thread_id))
-    return [_header(title), who, _section(label + arguments), _section(why)]
+    named = people | {requester} if requester else people
+    why = for_people(escape(reason.strip()), named) if reason.strip() else ""
+    why = truncate(
+        f"*Why*\n{why or '_The model gave no reason._'}", MAX_TEXT, md.trace_pointer(thread_id)
+    )
+    note = [_section(_notes_text(notes, named))] if notes.latest else []
+    return [_header(title), *note, who, _section(label + arguments), _section(why)]
+
+
+def _notes_text(notes: Notes, people: People) -> str:
+    """``⚠️ @alice wrote since this was posted: “actually, deploy 2.0.0…”``."""
+    latest = notes.latest[-1]
+    slack = latest.source_kind == "slack"
+    quoted = md.person_text(md.one_line(latest.text), slack=slack, people=people)
+    quoted = truncate(md.fence_safe(quoted), NOTE_EXCERPT)
+    who = mention(latest.actor)
+    count = max(notes.count, len(notes.latest))
+    if count == 1:
+        return f"⚠️ {who} wrote since this was posted: “{quoted}”"
+    return f"⚠️ {count} messages since this was posted; the latest, from {who}: “{quoted}”"
 
 
 # --- one line per event -----------------------------------------------------------------
 
 
+class _Seen(NamedTuple):
+    """What a line knows besides its event."""
+
+    tool_name: str | None
+    requester: str | None
+    people: People
+
+
 def event_line(
-    event: ev.Event, *, tool_name: str | None = None, requester: str | None = None
+    event: ev.Event,
+    *,
+    tool_name: str | None = None,
+    requester: str | None = None,
+    people: People = frozenset(),
 ) -> list[Block] | None:
     """The blocks showing ``event`` in the thread, or None when it is not shown there.
 
     ``tool_name`` names the call of a result or retry (those events carry only its id);
-    ``requester`` is pinged by a clarification question. A ``tool_call_requested`` that
-    needs approval is shown by its card, not here.
+    ``requester`` is pinged by a clarification question; ``people`` (user ids, the
+    requester's included) are named as mentions where the model's text has their id.
+    A ``tool_call_requested`` that needs approval is shown by its card, not here.
     """
     render = _LINES.get(event.type)
-    return render(event, tool_name, requester) if render else None
+    named = people | {requester} if requester else people
+    return render(event, _Seen(tool_name, requester, named)) if render else None
 
 
 def _call_name(call_id: str | None, tool_name: str | None) -> str:
@@ -331,23 +389,23 @@ def _call_name(call_id: str | None, tool_name: str | None) -> str:
     return inline_code(call_id) if call_id else "the model call"
 
 
-def _tool_call(e: ev.ToolCallRequested, _name: str | None, _req: str | None) -> list[Block] | None:
+def _tool_call(e: ev.ToolCallRequested, seen: _Seen) -> list[Block] | None:
     if e.policy == "approve_before_run":
         return None  # the approval card shows this call
     waits = " (waits for an external job)" if e.policy == "wait_for_external_event" else ""
     return [_context(f"🔧 {_tool(e.intent)} {_excerpt(e.arguments)}{waits}")]
 
 
-def _tool_result(e: ev.ToolResult, name: str | None, _req: str | None) -> list[Block]:
-    who = _call_name(e.tool_call_id, name)
+def _tool_result(e: ev.ToolResult, seen: _Seen) -> list[Block]:
+    who = _call_name(e.tool_call_id, seen.tool_name)
     if e.ok:
         shown = "" if e.output is None else f": {_excerpt(e.output, 200)}"
         return [_context(f"✔️ {who} done{shown}")]
     return [_context(f"⚠️ {who} failed: {_short(e.error or 'no error message')}")]
 
 
-def _retry(e: ev.RetryScheduled, name: str | None, _req: str | None) -> list[Block]:
-    who = _call_name(e.tool_call_id, name)
+def _retry(e: ev.RetryScheduled, seen: _Seen) -> list[Block]:
+    who = _call_name(e.tool_call_id, seen.tool_name)
     return [
         _context(
             f"🔁 Attempt {e.attempt} of {who} failed: {_short(e.error, 200)}; "
@@ -356,32 +414,33 @@ def _retry(e: ev.RetryScheduled, name: str | None, _req: str | None) -> list[Blo
     ]
 
 
-def _wait_started(e: ev.WaitStarted, _name: str | None, _req: str | None) -> list[Block]:
+def _wait_started(e: ev.WaitStarted, seen: _Seen) -> list[Block]:
     return [
         _context(f"⏳ Waiting for {_short(e.description, 500)} (gives up {date(e.timeout_at)})")
     ]
 
 
-def _wait_finished(e: ev.WaitFinished, _name: str | None, _req: str | None) -> list[Block]:
+def _wait_finished(e: ev.WaitFinished, seen: _Seen) -> list[Block]:
     shown = f": {_excerpt(e.result, 200)}" if e.result else ""
     return [_context(f"✔️ The wait is over{shown}")]
 
 
-def _wait_timed_out(e: ev.WaitTimedOut, _name: str | None, _req: str | None) -> list[Block]:
+def _wait_timed_out(e: ev.WaitTimedOut, seen: _Seen) -> list[Block]:
     return [_context(f"⌛ Gave up waiting ({inline_code(e.wait_id)}): it timed out")]
 
 
-def _question(e: ev.ClarificationRequested, _name: str | None, req: str | None) -> list[Block]:
-    ping = f"{mention(req)} " if req else ""
-    text = truncate(f"❓ {ping}{escape(e.question)}", MAX_TEXT, md.trace_pointer(e.thread_id))
+def _question(e: ev.ClarificationRequested, seen: _Seen) -> list[Block]:
+    ping = f"{mention(seen.requester)} " if seen.requester else ""
+    question = for_people(escape(e.question), seen.people)
+    text = truncate(f"❓ {ping}{question}", MAX_TEXT, md.trace_pointer(e.thread_id))
     return [_section(text), _context("Reply in this thread to answer.")]
 
 
-def _decision_rejected(e: ev.DecisionRejected, _n: str | None, _r: str | None) -> list[Block]:
+def _decision_rejected(e: ev.DecisionRejected, seen: _Seen) -> list[Block]:
     return [_context(f"↩️ The model's proposal was refused: {_short(e.reason)}")]
 
 
-def _error(e: ev.ErrorRaised, _name: str | None, _req: str | None) -> list[Block]:
+def _error(e: ev.ErrorRaised, seen: _Seen) -> list[Block]:
     text = f"⚠️ *{_short(e.kind, 100)}*: {escape(e.message)}"
     return [
         _section(truncate(text, MAX_TEXT, md.trace_pointer(e.thread_id))),
@@ -389,16 +448,16 @@ def _error(e: ev.ErrorRaised, _name: str | None, _req: str | None) -> list[Block
     ]
 
 
-def _final_answer(e: ev.FinalAnswer, _name: str | None, _req: str | None) -> list[Block]:
-    return answer_blocks(e.text, e.thread_id)
+def _final_answer(e: ev.FinalAnswer, seen: _Seen) -> list[Block]:
+    return answer_blocks(e.text, e.thread_id, people=seen.people)
 
 
-def _cancelled(e: ev.ThreadCancelled, _name: str | None, _req: str | None) -> list[Block]:
+def _cancelled(e: ev.ThreadCancelled, seen: _Seen) -> list[Block]:
     why = f": {_short(e.reason)}" if e.reason.strip() else ""
     return [_context(f"🚫 Cancelled by {mention(e.actor)}{why}")]
 
 
-_LINES: dict[str, Callable[[Any, str | None, str | None], list[Block] | None]] = {
+_LINES: dict[str, Callable[[Any, _Seen], list[Block] | None]] = {
     "tool_call_requested": _tool_call,
     "tool_result": _tool_result,
     "retry_scheduled": _retry,
@@ -413,10 +472,18 @@ _LINES: dict[str, Callable[[Any, str | None, str | None], list[Block] | None]] =
 }
 
 
-def answer_blocks(text: str, thread_id: str, max_blocks: int = MAX_MESSAGE_BLOCKS) -> list[Block]:
+def answer_blocks(
+    text: str,
+    thread_id: str,
+    max_blocks: int = MAX_MESSAGE_BLOCKS,
+    people: People = frozenset(),
+) -> list[Block]:
     """The model's text as mrkdwn sections: split over 3000 characters, at most
-    ``max_blocks`` of them, the last one pointing to the trace when cut."""
-    chunks = md.split_text(escape(text.strip()), MAX_TEXT) or ["_(empty answer)_"]
+    ``max_blocks`` of them, the last one pointing to the trace when cut.
+
+    ``people``: the thread's user ids, named as mentions where the text has their id."""
+    shown = for_people(escape(text.strip()), people)
+    chunks = md.split_text(shown, MAX_TEXT) or ["_(empty answer)_"]
     if len(chunks) > max_blocks:
         chunks = chunks[:max_blocks]
         last = truncate(chunks[-1], MAX_TEXT - 300)
@@ -449,7 +516,15 @@ def status_text(state: ThreadState, approvers: Sequence[str] = ()) -> str:
             f"(gives up {date(call.wait.timeout_at)})"
         )
     if status == "sleeping" and state.wake_at is not None:
-        return f"🔁 Retrying at {date(state.wake_at)}"
+        return f"🔁 Retrying {date(state.wake_at)}"
+    if status == "idle" and state.setback is not None:
+        # Answered, but the call it asked for did not happen: not a green check.
+        tool = _tool(state.setback.intent)
+        return {
+            "rejected": f"🛑 Ended without running {tool}: a reviewer rejected it",
+            "expired": f"⌛ Ended without running {tool}: nobody approved it in time",
+            "failed": f"⚠️ Ended: {tool} failed",
+        }[state.setback.kind]
     return _STATUS_TEXT.get(status, "⚙️ Working…")
 
 
@@ -512,7 +587,8 @@ def reject_modal(
                 "type": "input",
                 "block_id": REASON_BLOCK,
                 "optional": True,
-                "label": _plain("Reason (optional)", MAX_INPUT_LABEL),
+                # Slack adds "(optional)" to an optional input's label itself.
+                "label": _plain("Reason", MAX_INPUT_LABEL),
                 "element": {
                     "type": "plain_text_input",
                     "action_id": REASON_ACTION,

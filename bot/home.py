@@ -1,22 +1,30 @@
 """The App Home tab and the ``/opsloop`` answers: pure text and Block Kit, no I/O.
 
-Lines name threads by a link to their root message when the workspace URL is known,
-else by channel and ts, which ``opsloop trace CHANNEL/TS`` accepts too.
+A line says where a thread is (``<#C…>``), what it waits for (a call awaiting approval
+with its key arguments), who asked and when, and links to the thread when the
+workspace URL is known, else names it as ``opsloop trace CHANNEL/TS`` accepts it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from bot.mrkdwn import date, escape, inline_code, mention, one_line, truncate
+from bot.limits import MAX_TEXT
+from bot.mrkdwn import ago, date, escape, inline_code, mention, one_line, slack_len, truncate
 
 MAX_LINES = 20  # per list; the rest is counted, not shown
-_SECTION_TEXT = 3000
-_CHANNEL = re.compile(r"^[CDG][A-Z0-9]+$")
+_SECTION_TEXT = MAX_TEXT
+_CHANNEL = re.compile(r"^[CG][A-Z0-9]+$")  # a channel Slack links as <#C…>
+_DM = re.compile(r"^D[A-Z0-9]+$")
+_LINK = re.compile(r"^https://[^\s<>|]+$")
+ARGUMENTS_SHOWN = 4  # key=value pairs of a pending call on its line
+ARGUMENT_CHARS = 40  # of one value
+ARGUMENTS_CHARS = 120  # of the whole summary
 
 STATUS_LABELS = {
     "new": "new",
@@ -43,32 +51,71 @@ class ThreadRow:
     updated_at: datetime
     link: str | None = None
     tool: str | None = None  # the call awaiting approval, if any
+    arguments: dict[str, Any] | None = None  # that call's arguments
+    requested_at: datetime | None = None  # when its approval was asked for
+
+
+def channel_name(channel: str) -> str:
+    """``<#C…>`` (Slack shows the channel's name), "a direct message", or the id escaped."""
+    if _CHANNEL.match(channel):
+        return f"<#{channel}>"
+    return "a direct message" if _DM.match(channel) else escape(channel)
 
 
 def where(row: ThreadRow) -> str:
-    if row.link:
-        return f"<{row.link}|thread {escape(row.root_ts)}>"
-    channel = f"<#{row.channel}>" if _CHANNEL.match(row.channel) else escape(row.channel)
-    return f"{channel} {inline_code(row.channel + '/' + row.root_ts)}"
+    """A link to the thread, or how ``opsloop trace`` names it."""
+    if row.link and _LINK.match(row.link):
+        return f"<{row.link}|open thread>"
+    return inline_code(f"opsloop trace {row.channel}/{row.root_ts}")
+
+
+def arguments_summary(arguments: dict[str, Any] | None) -> str:
+    """``service=api environment=production``: the first few pairs, cut, escaped."""
+    if not arguments:
+        return ""
+    pairs = [f"{k}={_value(v)}" for k, v in list(arguments.items())[:ARGUMENTS_SHOWN]]
+    if len(arguments) > ARGUMENTS_SHOWN:
+        pairs.append("…")
+    return inline_code(_cut(one_line(" ".join(pairs)), ARGUMENTS_CHARS))
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return _cut(one_line(text), ARGUMENT_CHARS)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if slack_len(text) <= limit else truncate(text, limit)
 
 
 def row_line(row: ThreadRow) -> str:
-    """``• <link|thread> · waiting for approval: *deploy* · asked by @ann · date``."""
+    """``• #ops · waiting for approval: *deploy* `service=api` · asked by @ann 12 minutes
+    ago · open thread``; a thread without a call: its status and when it last changed."""
     status = STATUS_LABELS.get(row.status, escape(row.status))
+    asked = f"asked by {mention(row.requester)} · {date(row.updated_at)}"
     if row.tool:
         status += f": *{escape(one_line(row.tool)).replace('*', '∗')[:100]}*"
-    return f"• {where(row)} · {status} · asked by {mention(row.requester)} · {date(row.updated_at)}"
+        if summary := arguments_summary(row.arguments):
+            status += f" {summary}"
+        asked = f"asked by {mention(row.requester)} {ago(row.requested_at or row.updated_at)}"
+    return f"• {channel_name(row.channel)} · {status} · {asked} · {where(row)}"
 
 
-def lines(rows: Sequence[ThreadRow], empty: str) -> str:
-    """Up to ``MAX_LINES`` rows, one a line, within one section's text."""
+def lines(rows: Sequence[ThreadRow], empty: str, budget: int = _SECTION_TEXT) -> str:
+    """Up to ``MAX_LINES`` whole rows, one a line, within ``budget``; the rest counted."""
     if not rows:
         return empty
-    shown = [row_line(r) for r in rows[:MAX_LINES]]
+    room = budget - 80  # the "…and N more" line
+    shown: list[str] = []
+    for r in rows[:MAX_LINES]:
+        line = truncate(row_line(r), room)  # only a monster row is cut
+        if slack_len("\n".join([*shown, line])) > room:
+            break
+        shown.append(line)
     more = len(rows) - len(shown)
     if more > 0:
         shown.append(f"…and {more} more (`opsloop threads` lists them all)")
-    return truncate("\n".join(shown), _SECTION_TEXT)
+    return "\n".join(shown)
 
 
 def help_text(command: str = "/opsloop") -> str:
@@ -85,13 +132,18 @@ def help_text(command: str = "/opsloop") -> str:
 
 
 def pending_text(rows: Sequence[ThreadRow]) -> str:
-    return "*Approvals waiting for you*\n" + lines(rows, "Nothing is waiting for you. 🎉")
+    head = "*Approvals waiting for you*\n"
+    return head + lines(rows, "Nothing is waiting for you. 🎉", _SECTION_TEXT - len(head))
 
 
 def status_text(rows: Sequence[ThreadRow]) -> str:
-    return "*Active threads in this channel*\n" + lines(
-        rows, "opsloop is not working on anything in this channel."
-    )
+    head = "*Active threads in this channel*\n"
+    empty = "opsloop is not working on anything in this channel."
+    return head + lines(rows, empty, _SECTION_TEXT - len(head))
+
+
+def _titled(head: str, rows: Sequence[ThreadRow], empty: str) -> str:
+    return head + lines(rows, empty, _SECTION_TEXT - len(head))
 
 
 def _section(text: str) -> dict[str, Any]:
@@ -108,9 +160,11 @@ def home_view(
             {"type": "header", "text": {"type": "plain_text", "text": "opsloop", "emoji": True}},
             _section(f"Hi {mention(user)}! Mention opsloop in a channel, or write to it here."),
             {"type": "divider"},
-            _section("*Approvals waiting for you*\n" + lines(pending, "Nothing to decide. 🎉")),
+            _section(_titled("*Approvals waiting for you*\n", pending, "Nothing to decide. 🎉")),
             {"type": "divider"},
-            _section("*Your recent threads*\n" + lines(recent, "You have not asked anything yet.")),
+            _section(
+                _titled("*Your recent threads*\n", recent, "You have not asked anything yet.")
+            ),
             {
                 "type": "context",
                 "elements": [

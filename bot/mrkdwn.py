@@ -26,7 +26,10 @@ ZWSP = "\u200b"  # zero-width space: breaks ``` so a text cannot close our fence
 USER_ID = re.compile(r"^[UW][A-Z0-9]+$")
 GROUP_ID = re.compile(r"^S[A-Z0-9]+$")
 ENTITIES = ("&amp;", "&lt;", "&gt;")
+# Renders "today at 6:25 PM" or "Dec 1st at 6:25 PM": a sentence puts no "at" or "on"
+# before it ("Approved by @bob today at 6:25 PM").
 DATE_FORMAT = "{date_short_pretty} at {time}"
+AGO_FORMAT = "{ago}"  # "12 minutes ago"
 _FENCE_OVERHEAD = len("```\n\n```")
 # Control characters, and the bidirectional overrides and isolates that can make a text
 # read differently from what it is (CVE-2021-42574, "Trojan Source"): never shown.
@@ -71,6 +74,78 @@ def date(when: datetime, fmt: str = DATE_FORMAT) -> str:
     when = when if when.tzinfo else when.replace(tzinfo=UTC)
     fallback = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"<!date^{int(when.timestamp())}^{fmt}|{fallback}>"
+
+
+def ago(when: datetime) -> str:
+    """Slack's "12 minutes ago" for ``when`` (kept current by Slack), UTC as the fallback."""
+    return date(when, AGO_FORMAT)
+
+
+# --- text people wrote, and text written for people ---------------------------------------
+
+_SLACK_TOKEN = re.compile(r"<([^<>\n]*)>")
+_QUOTE = re.compile(r"^&gt;(?= |$)", re.MULTILINE)
+_SYSTEM_MARKER = re.compile(r"\[system\] ?")
+_PEOPLE = re.compile(
+    r"&lt;@(?P<token>[UW][A-Z0-9]+)(?:\|[^&\n]*)?&gt;|(?<![\w@])(?P<bare>[UW][A-Z0-9]{2,})(?!\w)"
+)
+
+
+def slack_entities_decoded(text: str) -> str:
+    """Undo Slack's own escaping (``&lt;`` ``&gt;`` ``&amp;``, the only entities it uses)."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def person_text(text: str, *, slack: bool, people: frozenset[str] = frozenset()) -> str:
+    """What a person wrote, as escaped mrkdwn that pings nobody new and links nowhere.
+
+    ``slack``: the text is as Slack sends it (its own escaping, ``<@U…>`` tokens); it is
+    decoded once and escaped once, so ``a > b`` shows as ``a > b``. A mention of one of
+    the thread's ``people`` stays a mention, anyone else's is plain ``@U…``; a channel
+    stays a channel link; a broadcast (``<!here>``) or a user group becomes plain
+    ``@here``; a link shows its label.
+    """
+    if not slack:
+        return escape(text)
+    out: list[str] = []
+    at = 0
+    for m in _SLACK_TOKEN.finditer(text):
+        out.append(escape(slack_entities_decoded(text[at : m.start()])))
+        out.append(_slack_token(m.group(1), people))
+        at = m.end()
+    out.append(escape(slack_entities_decoded(text[at:])))
+    return "".join(out)
+
+
+def _slack_token(inner: str, people: frozenset[str]) -> str:
+    target, _, label = inner.partition("|")
+    label = slack_entities_decoded(label)
+    if target.startswith("@"):
+        uid = target[1:]
+        return mention(uid) if uid in people else escape("@" + (label or uid).lstrip("@"))
+    if target.startswith("#") and re.fullmatch(r"#[CG][A-Z0-9]+", target):
+        return f"<{target}>"
+    if target.startswith("!"):
+        name = label or target[1:].split("^")[0]
+        return escape("@" + name.lstrip("@"))
+    return escape(label or slack_entities_decoded(target))
+
+
+def for_people(escaped: str, people: frozenset[str] | set[str] = frozenset()) -> str:
+    """Escaped text that the model wrote, as people should read it.
+
+    The ids of the thread's ``people`` (bare, or as an escaped ``<@U…>`` token) become
+    mentions, our internal ``[system]`` marker is dropped (the prompt's notes may be
+    echoed), and a line-leading ``&gt;`` is a quote again (it can start no token).
+    """
+
+    def person(m: re.Match[str]) -> str:
+        uid = m.group("token") or m.group("bare")
+        return mention(uid) if uid in people else m.group(0)
+
+    text = _SYSTEM_MARKER.sub("", escaped)
+    text = _PEOPLE.sub(person, text) if people else text
+    return _QUOTE.sub(">", text)
 
 
 def slack_len(text: str) -> int:

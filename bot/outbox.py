@@ -14,6 +14,10 @@ event's first receipt carries its ts. Every receipt of an event E with that ts r
 that it shows the state after E, so the latest one says what it shows now, and it is
 updated in place, last, when that differs from what the whole log says.
 
+A message a person writes while a card is open updates the card in place (it shows
+what was written since it was posted, so the reviewer reads it before clicking); that
+update's receipt names the message and carries the card's ts.
+
 Pure: no I/O here.
 """
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bot import blocks as bk
+from bot.mrkdwn import USER_ID
 from engine import events as ev
 from engine.state import ThreadState, apply
 
@@ -57,6 +62,10 @@ class Outbound:
 
     ``event`` is what the receipt names (``shows_event_id``); ``call`` is the tool call
     of a card or of a line; ``card_ts`` is empty while the card is not posted yet.
+    ``notes``: what people wrote while the card was open, up to ``event`` (an update
+    for a ``user_message`` shows the open card with them). ``people``: the user ids of
+    the thread so far, named as mentions in what the model wrote.
+
     With ``status`` set, the message is the thread's status message instead: posted for
     the first ``user_message`` (``event``), or updated at ``card_ts`` for ``event``, the
     last event its state includes.
@@ -69,6 +78,8 @@ class Outbound:
     card: ev.ApprovalRequested | None = None
     card_ts: str = ""
     status: StatusView | None = None
+    notes: bk.Notes = bk.NO_NOTES
+    people: frozenset[str] = frozenset()
 
 
 def pending_deliveries(
@@ -94,27 +105,50 @@ def pending_deliveries(
     requester = first.actor if first is not None else None
     calls: dict[str, ev.ToolCallRequested] = {}
     cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
+    noted: dict[str, Outbound] = {}  # open cards' latest undelivered update for a message
+    people: frozenset[str] = frozenset()
+    state = ThreadState()
     for e in events:
+        before, state = state, apply(state, e)
+        if USER_ID.match(e.actor) and e.actor not in people:
+            people = people | {e.actor}
         shown = [ts for ts in receipts.get(e.event_id, ()) if not (ts and ts == status_ts)]
         if isinstance(e, ev.ToolCallRequested):
             calls[e.tool_call_id] = e
         elif isinstance(e, ev.ApprovalRequested) and e.tool_call_id in calls:
             if not shown:
-                out.append(Outbound("post", e, requester, calls[e.tool_call_id]))
+                out.append(Outbound("post", e, requester, calls[e.tool_call_id], people=people))
             cards[e.tool_call_id] = (e, shown[0] if shown else "")
             continue
+        elif isinstance(e, ev.UserMessage):
+            for cid, (card, ts) in cards.items():
+                # The latest message's update shows the earlier ones too.
+                if (stale := noted.pop(cid, None)) is not None:
+                    out = [o for o in out if o is not stale]
+                notes = _notes(state, cid)
+                if notes.latest and (not ts or ts not in shown):
+                    noted[cid] = Outbound(
+                        "update", e, requester, calls[cid], card, ts, notes=notes, people=people
+                    )
+                    out.append(noted[cid])
         closing: list[tuple[ev.ApprovalRequested, str]] = []
         if e.type == "thread_cancelled":
             closing, cards = list(cards.values()), {}
         elif e.type in _OUTCOMES and (card := cards.pop(getattr(e, "tool_call_id", ""), None)):
             closing = [card]
         for card, ts in closing:
+            if (stale := noted.pop(card.tool_call_id, None)) is not None:
+                out = [o for o in out if o is not stale]  # the decided card shows them too
             if not ts or ts not in shown:
-                out.append(Outbound("update", e, requester, calls[card.tool_call_id], card, ts))
+                call = calls[card.tool_call_id]
+                notes = _notes(before, card.tool_call_id)
+                out.append(
+                    Outbound("update", e, requester, call, card, ts, notes=notes, people=people)
+                )
         card_ts = {ts for _, ts in closing}
         if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
             call = calls.get(getattr(e, "tool_call_id", None) or "")
-            out.append(Outbound("post", e, requester, call))
+            out.append(Outbound("post", e, requester, call, people=people))
     if first is not None and (status := _status(events, first, status_ts, receipts, approvers)):
         if status.kind == "post":
             out.insert(0, status)
@@ -156,6 +190,14 @@ def _status(
     return Outbound("update", last, first.actor, card_ts=status_ts, status=view)
 
 
+def _notes(state: ThreadState, call_id: str) -> bk.Notes:
+    """What people wrote since the card of ``call_id`` was posted, as ``state`` has it."""
+    call = state.pending
+    if call is None or call.tool_call_id != call_id:
+        return bk.NO_NOTES
+    return bk.Notes(call.said_since, call.said_since_count)
+
+
 def _has_line(e: ev.AnyEvent) -> bool:
     if isinstance(e, ev.ToolCallRequested):
         return e.policy != "approve_before_run"  # its approval card shows it
@@ -168,6 +210,9 @@ def render(item: Outbound) -> list[bk.Block]:
     if item.status is not None:
         view = item.status
         return bk.status_message(view.state, e.thread_id, approvers=view.approvers)
+    if item.kind == "update" and isinstance(e, ev.UserMessage):  # the open card, noted
+        assert item.card is not None and item.call is not None
+        return _open_card(item, item.card)
     if item.kind == "update":
         assert item.card is not None and item.call is not None
         by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
@@ -181,19 +226,27 @@ def render(item: Outbound) -> list[bk.Block]:
             by=by,
             at=e.created_at,
             decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
+            notes=item.notes,
+            people=item.people,
         )
     if isinstance(e, ev.ApprovalRequested):
-        assert item.call is not None
-        return bk.approval_card(
-            thread_id=e.thread_id,
-            requester=item.requester,
-            call=item.call,
-            reason=e.reason,
-            expires_at=e.expires_at,
-            arguments_hash=e.arguments_hash,
-        )
+        return _open_card(item, e)
     name = item.call.intent if item.call is not None else None
-    return bk.event_line(e, tool_name=name, requester=item.requester) or []
+    return bk.event_line(e, tool_name=name, requester=item.requester, people=item.people) or []
+
+
+def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[bk.Block]:
+    assert item.call is not None
+    return bk.approval_card(
+        thread_id=card.thread_id,
+        requester=item.requester,
+        call=item.call,
+        reason=card.reason,
+        expires_at=card.expires_at,
+        arguments_hash=card.arguments_hash,
+        notes=item.notes,
+        people=item.people,
+    )
 
 
 def metadata(thread_id: str, event_id: str, upto: str = "") -> dict[str, Any]:

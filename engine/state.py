@@ -35,6 +35,9 @@ Action = Literal[
     "execute_tool", "ask_model", "expire_approval", "check_wait", "wait_timeout", "none"
 ]
 
+NOTES_KEPT = 3  # SaidSince kept per pending call (the count goes on)
+NOTE_CHARS = 300
+
 # Statuses in which nothing happens until a person (or a new message) acts.
 AT_REST: frozenset[str] = frozenset({"new", "idle", "failed", "cancelled", "awaiting_reply"})
 
@@ -52,6 +55,27 @@ class WaitInfo(_Frozen):
     poll_every_s: float | None = None
 
 
+class SaidSince(_Frozen):
+    """A person's message that arrived while the call's approval card was open.
+
+    Kept so the card can show it before a reviewer clicks: the first line of the text,
+    cut to ``NOTE_CHARS`` (the log has the whole message, ``event_id``).
+    """
+
+    event_id: str
+    actor: str
+    text: str
+    created_at: AwareDatetime
+    source_kind: str = ""  # the front door's ``source["kind"]``: how to read ``text``
+
+
+class CallSetback(_Frozen):
+    """How the latest call of a turn ended, when it did not succeed."""
+
+    kind: Literal["rejected", "expired", "failed"]
+    intent: str
+
+
 class PendingCall(_Frozen):
     """The one tool call in flight: from request to its result."""
 
@@ -64,8 +88,12 @@ class PendingCall(_Frozen):
     attempt: int = 0  # the last attempt started
     arguments_hash: str = ""
     expires_at: AwareDatetime | None = None
+    requested_at: AwareDatetime | None = None  # when its approval was asked for
     retry_at: AwareDatetime | None = None
     wait: WaitInfo | None = None
+    # Messages since its approval was requested: the latest few, and how many in all.
+    said_since: tuple[SaidSince, ...] = ()
+    said_since_count: int = 0
 
 
 class ThreadState(_Frozen):
@@ -89,6 +117,10 @@ class ThreadState(_Frozen):
     # The latest context_compacted: (its seq, the seq it summarises up to). A projection
     # starts there instead of at the first event.
     compaction: tuple[int, int] | None = None
+    # How this turn's latest call ended if it did not succeed (rejected, expired, an
+    # error result); cleared by a call that succeeds and by a new message. It says
+    # whether an answered thread got what it asked for.
+    setback: CallSetback | None = None
 
     @property
     def wake_at(self) -> datetime | None:
@@ -152,9 +184,32 @@ def _user_message(s: ThreadState, e: ev.UserMessage) -> dict[str, Any]:
         )
         # A call left over from a cancelled or failed turn is never run again.
         update["pending"] = None
+        update["setback"] = None
     else:
         update["decisions_since_input"] = 0
+        call = s.pending
+        if call is not None and call.phase == "awaiting_approval":
+            update["pending"] = _said_since(call, e)
     return update
+
+
+def _said_since(call: PendingCall, e: ev.UserMessage) -> PendingCall:
+    """``call`` noting that ``e`` arrived while its card waits for a reviewer."""
+    lines = [line.strip() for line in e.text.strip().splitlines()]
+    first = next((line for line in lines if line), "")
+    note = SaidSince(
+        event_id=e.event_id,
+        actor=e.actor,
+        text=first[:NOTE_CHARS],
+        created_at=e.created_at,
+        source_kind=str(e.source.get("kind") or ""),
+    )
+    return call.model_copy(
+        update={
+            "said_since": (*call.said_since, note)[-NOTES_KEPT:],
+            "said_since_count": call.said_since_count + 1,
+        }
+    )
 
 
 def _clarification_answered(s: ThreadState, e: ev.ClarificationAnswered) -> dict[str, Any]:
@@ -235,6 +290,7 @@ def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, An
         update={
             "phase": "awaiting_approval",
             "expires_at": e.expires_at,
+            "requested_at": e.created_at,
             "arguments_hash": e.arguments_hash,
         }
     )
@@ -249,8 +305,10 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
 
 def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
-    _pending(s, e, e.tool_call_id, "awaiting_approval")
-    return {"pending": None, "status": "running"}
+    call = _pending(s, e, e.tool_call_id, "awaiting_approval")
+    kind = "rejected" if e.type == "approval_rejected" else "expired"
+    setback = CallSetback(kind=kind, intent=call.intent)
+    return {"pending": None, "status": "running", "setback": setback}
 
 
 def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
@@ -267,7 +325,8 @@ def _tool_result(s: ThreadState, e: ev.ToolResult) -> dict[str, Any]:
         return {"orphan": None}
     call = _pending(s, e, e.tool_call_id, "started")
     _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
-    return {"pending": None}
+    setback = None if e.ok else CallSetback(kind="failed", intent=call.intent)
+    return {"pending": None, "setback": setback}
 
 
 def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
@@ -304,7 +363,9 @@ def _wait_closed(s: ThreadState, e: ev.WaitFinished | ev.WaitTimedOut) -> dict[s
     call = _pending(s, e, e.tool_call_id, "waiting")
     assert call.wait is not None
     _require(call.wait.wait_id == e.wait_id, e, s, f"wait {e.wait_id!r} is not open")
-    return {"pending": None, "status": "running"}
+    timed_out = e.type == "wait_timed_out"
+    setback = CallSetback(kind="failed", intent=call.intent) if timed_out else None
+    return {"pending": None, "status": "running", "setback": setback}
 
 
 def _error(s: ThreadState, e: ev.ErrorRaised) -> dict[str, Any]:

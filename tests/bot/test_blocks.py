@@ -21,7 +21,7 @@ from bot import blocks as b
 from bot import limits
 from bot import mrkdwn as md
 from engine import events as ev
-from engine.state import PendingCall, ThreadState, WaitInfo
+from engine.state import CallSetback, PendingCall, SaidSince, ThreadState, WaitInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 1, 2, 9, 30, tzinfo=UTC)
@@ -123,9 +123,21 @@ def statuses(text: str = EVIL, intent: str = "refund_customer") -> list[ThreadSt
         state("sleeping", pending=pending("retry_wait", retry_at=LATER)),
         state("sleeping", model_retry_at=LATER),
         state("idle"),
+        *(state("idle", setback=CallSetback(kind=k, intent=intent)) for k in SETBACKS),
         state("failed"),
         state("cancelled"),
     ]
+
+
+SETBACKS = ("rejected", "expired", "failed")
+
+
+def notes(text: str = EVIL, source_kind: str = "slack", count: int = 1) -> b.Notes:
+    said = [
+        SaidSince(event_id=f"evt_{i}", actor=REQUESTER, text=text, created_at=NOW, source_kind=k)
+        for i, k in enumerate(["", source_kind][-count:])
+    ]
+    return b.Notes(said, count)
 
 
 def every_rendering(
@@ -134,6 +146,13 @@ def every_rendering(
     """(name, blocks or view) for every renderer, fed ``text`` wherever text goes."""
     inputs = card_inputs(text, intent=intent, arguments={"x": text} if args is None else args)
     yield "approval_card", b.approval_card(**inputs)
+    for kind, count in (("slack", 1), ("", 7)):
+        noted = inputs | {"notes": notes(text, kind, count), "people": frozenset({REVIEWER})}
+        yield f"approval_card[noted {kind} {count}]", b.approval_card(**noted)
+        yield (
+            f"decided_card[noted {kind} {count}]",
+            b.decided_card(**noted, outcome="approved", by=REVIEWER, at=NOW),
+        )
     for outcome in ("approved", "rejected", "expired", "cancelled"):
         yield (
             f"decided_card[{outcome}]",
@@ -395,11 +414,12 @@ def test_binding_value_refuses_ids_too_long_for_a_button() -> None:
 @pytest.mark.parametrize(
     ("outcome", "by", "title", "line"),
     [
-        ("approved", REVIEWER, "Approved: refund_customer", f"✅ Approved by <@{REVIEWER}> at "),
-        ("rejected", REVIEWER, "Rejected: refund_customer", f"❌ Rejected by <@{REVIEWER}> at "),
-        ("expired", None, "Approval expired: refund_customer", "⌛ Expired at "),
+        # Slack renders the date as "today at 6:25 PM": no "at" before it (issue 8).
+        ("approved", REVIEWER, "Approved: refund_customer", f"✅ Approved by <@{REVIEWER}> <!date"),
+        ("rejected", REVIEWER, "Rejected: refund_customer", f"❌ Rejected by <@{REVIEWER}> <!date"),
+        ("expired", None, "Approval expired: refund_customer", "⌛ Expired <!date"),
         ("cancelled", REQUESTER, "Cancelled: refund_customer", f"🚫 Cancelled by <@{REQUESTER}>"),
-        ("cancelled", None, "Cancelled: refund_customer", "🚫 Cancelled at "),
+        ("cancelled", None, "Cancelled: refund_customer", "🚫 Cancelled <!date"),
     ],
 )
 def test_decided_card_has_no_buttons_and_names_who_and_when(
@@ -558,7 +578,7 @@ def test_an_enormous_final_answer_stops_at_50_blocks_with_a_pointer() -> None:
             f"⏳ Waiting for job: deploy job 42 (gives up {md.date(LATER)})",
             True,
         ),
-        (state("sleeping", model_retry_at=LATER), f"🔁 Retrying at {md.date(LATER)}", True),
+        (state("sleeping", model_retry_at=LATER), f"🔁 Retrying {md.date(LATER)}", True),
         (state("idle"), "✅ Done", False),
         (state("failed"), "⚠️ Failed: needs a human", False),
         (state("cancelled"), "🚫 Cancelled", False),

@@ -251,6 +251,46 @@ async def test_rejection_with_a_reason_shows_who_and_why_on_the_card(store, slac
     assert "freeze until &lt;Monday&gt;" in text
 
 
+async def test_a_reply_while_the_card_waits_updates_the_card_in_place(store, slack, delivery):
+    """Issue 8 item 7: alice writes while bob has the card in front of him; the card
+    says so at once (who, and the first line of what she wrote, escaped once)."""
+    tid, card, cid = await card_for(store, slack, delivery)
+    info = await store.get_thread(tid)
+    key = ThreadKey(TEAM_ID, CHANNEL, info.root_ts)
+    text = "actually, deploy version 2.0.0 to production &amp; <@U0OTHER1>\nthanks"
+    await post_user_message(
+        store, key, text=text, user=REQUESTER, source={"kind": "slack"}, start=False
+    )
+    await runner(store, DEPLOY).run(tid)  # the worker's run after the reply: nothing to do
+    assert (await store.load(tid)).status == "awaiting_approval"
+    assert await delivery.deliver(tid) == 1  # the card, updated; nothing posted
+    params = await the_update(slack, card)
+    assert params["metadata"] == card["metadata"]
+    [note] = [b for b in params["blocks"] if "wrote since this was posted" in json.dumps(b)]
+    assert note["text"]["text"] == (
+        f"⚠️ <@{REQUESTER}> wrote since this was posted: "
+        "“actually, deploy version 2.0.0 to production &amp; @U0OTHER1”"  # pings nobody new
+    )
+    assert params["blocks"].index(note) < [b["type"] for b in params["blocks"]].index("actions")
+    assert [e["action_id"] for b in params["blocks"] if b["type"] == "actions"
+            for e in b["elements"]] == [bk.APPROVE_ACTION, bk.REJECT_ACTION]  # fmt: skip
+    assert "thanks" not in json.dumps(params["blocks"])  # the first line only
+    assert "wrote since" in params["text"]  # the notification text says it too
+    assert len(slack.posted(CHANNEL)) == 2
+    reply = next(
+        e for e in await store.select_events(tid) if e.type == "user_message" and e.seq > 1
+    )
+    assert (await receipts(store, tid))[-1].shows_event_id == reply.event_id
+    assert await delivery.deliver(tid) == 0
+    # bob approves: the decided card still says what alice wrote.
+    await decide(store, tid, cid, "approve")
+    assert await delivery.deliver(tid) == 2
+    decided = slack.calls_to("chat.update")[-2].params
+    assert decided["ts"] == card["ts"] and "wrote since this was posted" in json.dumps(
+        decided["blocks"]
+    )
+
+
 async def test_expiry_updates_the_card(store, slack, delivery):
     tid, card, cid = await card_for(store, slack, delivery)
     state = await store.load(tid)
@@ -591,8 +631,50 @@ def test_a_cancel_updates_the_open_card_and_posts_its_line_each_once():
 
 
 def test_events_people_need_not_see_are_never_pending():
-    log = logs.stamp([logs.user(), *logs.approval_pending(), logs.user("also this")])
+    refused = ev.ApprovalRefused(
+        actor=logs.REQUESTER, tool_call_id="toolu_2", decision="approve", reason="self"
+    )
+    log = logs.stamp([logs.user(), *logs.approval_pending(), refused])
     assert kinds(pending_deliveries(log)) == [("post", "status"), ("post", "approval_requested")]
+
+
+def test_a_message_while_the_card_is_open_updates_the_card_once_with_all_of_them():
+    """Issue 8 item 7 (pure half): a reply to a pending card is shown on the card, not
+    silently queued; several undelivered replies make one update showing the latest."""
+    log = logs.stamp([logs.user(), *logs.approval_pending()])
+    card = log[-1]
+    posted = [*log, receipt(log[0], "1.0"), receipt(card, "1.0"), receipt(card, "2.0")]
+    assert pending_deliveries(logs.stamp(posted)) == []
+    first = logs.user("actually, deploy version 2.0.0 to production")
+    second = logs.user("to production, I mean", actor=logs.REVIEWER)
+    wrote = logs.stamp([*posted, first, second])
+    [update] = pending_deliveries(wrote)
+    assert (update.kind, update.event, update.card_ts) == ("update", wrote[-1], "2.0")
+    assert update.card is not None and update.card.event_id == card.event_id
+    assert [n.text for n in update.notes.latest] == [first.text, second.text]
+    assert update.notes.count == 2
+    text = json.dumps(render(update))
+    assert "2 messages since this was posted" in text and "to production, I mean" in text
+    assert bk.APPROVE_ACTION in text  # still the open card, buttons and all
+    done = logs.stamp([*wrote, receipt(wrote[-1], "2.0")])
+    assert pending_deliveries(done) == []
+    # Decided later: the decided card keeps the note (the audit shows what was known).
+    grant = ev.ApprovalGranted(actor=logs.REVIEWER, tool_call_id=card.tool_call_id)
+    granted = logs.stamp([*done, grant])
+    [decided, _status] = pending_deliveries(granted)
+    assert decided.event.type == "approval_granted" and decided.notes.count == 2
+    assert "to production, I mean" in json.dumps(render(decided))
+
+
+def test_a_message_not_yet_shown_on_the_card_is_shown_by_its_decided_form():
+    log = logs.stamp([logs.user(), *logs.approval_pending()])
+    card = log[-1]
+    posted = [*log, receipt(log[0], "1.0"), receipt(card, "1.0"), receipt(card, "2.0")]
+    grant = ev.ApprovalGranted(actor=logs.REVIEWER, tool_call_id=card.tool_call_id)
+    late = logs.stamp([*posted, logs.user("wait, not staging"), grant])
+    todo = pending_deliveries(late)
+    assert kinds(todo) == [("update", "approval_granted"), ("update", "status")]
+    assert "wait, not staging" in json.dumps(render(todo[0]))
 
 
 @pytest.mark.parametrize("seed", range(40))

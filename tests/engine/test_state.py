@@ -236,6 +236,91 @@ def test_rejected_or_expired_approval_drops_the_call(closing: ev.Event) -> None:
     assert next_action(state, at(0)) == "ask_model"
 
 
+def test_messages_after_the_card_are_noted_on_the_pending_call() -> None:
+    """Issue 8 item 7: a reply while a card waits is not lost in a queue: the pending
+    call knows who wrote what since its approval was requested (first line, trimmed)."""
+    card = approval_pending("c2")
+    before = fold([user(), *card])
+    assert before.pending is not None and before.pending.said_since == ()
+    assert before.pending.requested_at == card[-1].created_at  # for "asked 12 min ago"
+    reply = user(
+        "  \n actually, deploy version 2.0.0 to production  \nthanks", source={"kind": "slack"}
+    )
+    state = apply(before, reply)
+    assert state.status == "awaiting_approval"
+    call = state.pending
+    assert call is not None and call.said_since_count == 1
+    [note] = call.said_since
+    assert (note.event_id, note.actor, note.text, note.source_kind) == (
+        reply.event_id,
+        REQUESTER,
+        "actually, deploy version 2.0.0 to production",
+        "slack",
+    )
+    assert note.created_at == reply.created_at
+    for n in range(5):  # the state stays small: the latest few, and the count
+        state = apply(state, user(f"more {n}", actor=REVIEWER))
+    assert state.pending is not None and state.pending.said_since_count == 6
+    assert [m.text for m in state.pending.said_since] == ["more 2", "more 3", "more 4"]
+    snapshot = ThreadState.model_validate_json(state.model_dump_json())
+    assert snapshot == state
+
+
+def test_messages_before_the_card_or_without_one_are_not_noted() -> None:
+    state = fold([user(), *run_now_call_pending()], [user("and also this")])
+    assert state.pending is not None and state.pending.said_since == ()
+    granted = fold(
+        [user(), *approval_pending("c2")],
+        [ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"), user("too late for the card")],
+    )
+    assert granted.pending is not None and granted.pending.said_since == ()
+
+
+def run_now_call_pending() -> list[ev.Event]:
+    return [decided("c1", "lookup", q="x"), requested("c1", "lookup", q="x")]
+
+
+@pytest.mark.parametrize(
+    ("closing", "kind"),
+    [
+        ([ev.ApprovalRejected(actor=REVIEWER, tool_call_id="c2", reason="no")], "rejected"),
+        ([ev.ApprovalExpired(tool_call_id="c2")], "expired"),
+        (
+            [
+                ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"),
+                started("c2"),
+                result("c2", ok=False),
+            ],
+            "failed",
+        ),
+    ],
+)
+def test_a_turn_remembers_how_its_last_call_ended(closing: list[ev.Event], kind: str) -> None:
+    """Issue 8 item 8: an answered thread whose call was rejected, expired or failed
+    must not look like a success, so the state says how the call ended."""
+    state = fold([user(), *approval_pending("c2")], closing, answered("not done"))
+    assert state.status == "idle"
+    assert state.setback is not None and (state.setback.kind, state.setback.intent) == (
+        kind,
+        "deploy",
+    )
+    assert fold([user(), *approval_pending("c2")], closing).setback == state.setback
+    reopened = apply(state, user("try again"))
+    assert reopened.setback is None  # a new request starts clean
+
+
+def test_a_call_that_succeeds_clears_the_setback() -> None:
+    state = fold(
+        [user(), *approval_pending("c2")],
+        [ev.ApprovalRejected(actor=REVIEWER, tool_call_id="c2")],
+        [decided("c3", "lookup", q="x"), requested("c3", "lookup", q="x"), started("c3")],
+        [result("c3")],
+        answered(),
+    )
+    assert state.status == "idle" and state.setback is None
+    assert fold([user()], answered()).setback is None
+
+
 def test_approval_requested_only_for_an_approve_before_run_call() -> None:
     state = fold([user(), decided("c1", "lookup", q="x"), requested("c1", "lookup", q="x")])
     asked = ev.ApprovalRequested(tool_call_id="c1", arguments_hash="h", expires_at=at(1))
