@@ -12,6 +12,9 @@ class ToolContext:
     ``idempotency_key`` is stable across retries and restarts of the same
     tool call, so side-effecting tools should use it to deduplicate work.
     ``attempt`` starts at 1 and grows each time the engine retries the call.
+    ``definition_hash`` is the tool definition the call was approved under (from
+    ``tool_call_requested``); a tool whose definition can change under it (MCP)
+    refuses to run when its current definition no longer matches.
     """
 
     thread_id: str
@@ -19,3 +22,4 @@ class ToolContext:
     idempotency_key: str
     attempt: int
     requester: str | None = None
+    definition_hash: str | None = None

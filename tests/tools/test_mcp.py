@@ -1,0 +1,299 @@
+"""MCP servers as tool sources, against a real SDK server over stdio and streamable HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.mcp_servers import LONG_NAME
+from tools import RetryableToolError, Tool, ToolContext, ToolError, ToolLoadError
+from tools.mcp import (
+    DefinitionChanged,
+    McpLoadError,
+    McpServer,
+    McpSource,
+    current_definitions,
+    definition_hash,
+)
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "support" / "mcp_servers.py")
+ALL = ["echo", "add", "fail", "crash", "pid", "picture", "bump", "sleep", "redefine"]
+
+
+def stdio(*flags: str, **kw: object) -> McpServer:
+    return McpServer(name="demo", command=sys.executable, args=(SCRIPT, "stdio", *flags), **kw)  # type: ignore[arg-type]
+
+
+@dataclass
+class HttpServer:
+    port: int
+    proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, SCRIPT, "http", "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline().split()[1])
+        self.proc.stdout.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def http_server() -> Iterator[HttpServer]:
+    server = HttpServer(port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+def ctx(definition_hash: str | None = None) -> ToolContext:
+    return ToolContext("t1", "c1", "k1", 1, definition_hash=definition_hash)
+
+
+async def run(tool: Tool, args: dict, context: ToolContext | None = None) -> object:
+    return await tool.run(tool.parse_arguments(args), context or ctx())
+
+
+def server_children() -> list[int]:
+    """Our child processes that run the test server."""
+    me, found = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+        state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+        if ppid == me and b"mcp_servers.py\x00stdio" in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+async def source() -> AsyncIterator[McpSource]:
+    src = McpSource(stdio())
+    yield src
+    await src.close()
+
+
+async def opened(src: McpSource) -> dict[str, Tool]:
+    return {t.name.removeprefix("mcp__demo__"): t for t in await src.open()}
+
+
+async def test_stdio_lists_every_page_and_calls_a_tool(source):
+    tools = await opened(source)
+    assert sorted(tools) == sorted(ALL)  # 9 tools arrive in pages of 2
+    echo = tools["echo"]
+    assert echo.name == "mcp__demo__echo"
+    assert echo.source == "mcp:demo"
+    assert echo.policy == "approve_before_run"
+    assert echo.idempotent is False
+    assert echo.annotations == {"readOnlyHint": True, "idempotentHint": True}
+    assert echo.description == "Echo the text back."
+    assert echo.input_schema()["required"] == ["text"]
+    assert await run(echo, {"text": "hi"}) == {"text": "echo: hi"}
+
+
+async def test_http_lists_and_calls_a_tool(http_server):
+    src = McpSource(McpServer(name="demo", url=http_server.url, headers={"X-Token": "s3cret"}))
+    try:
+        tools = await opened(src)
+        assert sorted(tools) == sorted(ALL)
+        assert await run(tools["add"], {"a": 2, "b": 3}) == {"text": "5", "structured": {"sum": 5}}
+    finally:
+        await src.close()
+
+
+async def test_arguments_are_checked_against_the_servers_schema(source):
+    tools = await opened(source)
+    with pytest.raises(ValueError, match="'text' is a required property"):
+        tools["echo"].parse_arguments({})
+
+
+async def test_structured_content_is_kept_and_images_and_resources_are_summarised(source):
+    tools = await opened(source)
+    assert await run(tools["picture"], {}) == {
+        "text": "a chart",
+        "attachments": [
+            {"type": "image", "mime_type": "image/png", "bytes": 6},
+            {
+                "type": "resource",
+                "uri": "file:///report.txt",
+                "mime_type": "text/plain",
+                "bytes": 6,
+            },
+        ],
+    }
+
+
+async def test_an_error_result_is_a_tool_error_with_the_servers_text(source):
+    tools = await opened(source)
+    with pytest.raises(ToolError) as caught:
+        await run(tools["fail"], {"message": "disk full on node-3"})
+    assert str(caught.value) == "disk full on node-3"
+    assert not isinstance(caught.value, RetryableToolError)
+
+
+async def test_the_allowlist_keeps_only_the_named_tools():
+    src = McpSource(stdio(tools=("echo", "bump")))
+    try:
+        assert sorted(t.name for t in await src.open()) == ["mcp__demo__bump", "mcp__demo__echo"]
+        assert sorted(await current_definitions(src)) == ["mcp__demo__bump", "mcp__demo__echo"]
+    finally:
+        await src.close()
+
+
+async def test_an_allowlisted_tool_the_server_lacks_stops_startup_with_one_line():
+    src = McpSource(stdio(tools=("echo", "pods_list")))
+    with pytest.raises(ToolLoadError) as caught:
+        await src.open()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'demo'" in message and "'pods_list'" in message
+    assert server_children() == []
+
+
+async def test_a_name_too_long_for_anthropic_stops_startup_with_one_line():
+    src = McpSource(stdio("--long-name"))
+    with pytest.raises(McpLoadError) as caught:
+        await src.open()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'demo'" in message and repr(LONG_NAME) in message and "64" in message
+    assert caught.value.module == "mcp:demo"
+    assert server_children() == []
+
+
+async def test_an_unreachable_server_stops_startup_with_one_line_and_no_secret():
+    src = McpSource(
+        McpServer(name="kube", command="/nonexistent/bin/s3cret-kube", env={"TOKEN": "s3cret-kube"})
+    )
+    with pytest.raises(McpLoadError) as caught:
+        await src.open()
+    message = str(caught.value)
+    assert message.startswith("MCP server 'kube' unreachable at startup:")
+    assert "\n" not in message and "s3cret" not in message
+
+
+async def test_an_http_server_that_is_down_at_startup_stops_startup(http_server):
+    url = http_server.url
+    http_server.stop()
+    src = McpSource(McpServer(name="grafana", url=url, headers={"Authorization": "Bearer s3cret"}))
+    with pytest.raises(McpLoadError, match=r"^MCP server 'grafana' unreachable at startup: ") as c:
+        await src.open()
+    assert "s3cret" not in str(c.value)
+
+
+async def test_a_crash_in_the_middle_of_a_call_is_retryable_and_the_next_call_reconnects(source):
+    tools = await opened(source)
+    first_pid = (await run(tools["pid"], {}))["text"]  # type: ignore[index]
+    with pytest.raises(RetryableToolError, match="'demo'"):
+        await run(tools["crash"], {})
+    second_pid = (await run(tools["pid"], {}))["text"]  # type: ignore[index]
+    assert second_pid != first_pid
+    assert [int(second_pid)] == server_children()
+
+
+async def test_an_http_server_going_down_is_retryable_and_the_next_call_reconnects(http_server):
+    src = McpSource(McpServer(name="demo", url=http_server.url))
+    try:
+        tools = await opened(src)
+        assert await run(tools["echo"], {"text": "a"}) == {"text": "echo: a"}
+        http_server.stop()
+        with pytest.raises(RetryableToolError, match="'demo'"):
+            await run(tools["echo"], {"text": "b"})
+        with pytest.raises(RetryableToolError):  # still down: reconnecting fails, retryably
+            await run(tools["echo"], {"text": "c"})
+        http_server.start()  # same port
+        assert await run(tools["echo"], {"text": "d"}) == {"text": "echo: d"}
+    finally:
+        await src.close()
+
+
+async def test_a_definition_changed_after_approval_is_not_run(source):
+    tools = await opened(source)
+    bump = tools["bump"]
+    approved = bump.definition_hash  # what tool_call_requested records
+    await run(tools["redefine"], {"tool": "bump", "description": "Delete every pod."})
+    with pytest.raises(DefinitionChanged, match="description changed") as caught:
+        await run(bump, {}, ctx(approved))
+    assert "mcp__demo__bump" in str(caught.value)
+    with pytest.raises(DefinitionChanged):  # no pinned hash: pinned to what was loaded
+        await run(bump, {}, ctx(None))
+    drifted = (await current_definitions(source))["mcp__demo__bump"]
+    assert drifted != approved
+    # A call approved under the new definition runs, and it is the first one that did.
+    assert await run(bump, {}, ctx(drifted)) == {"text": "1"}
+
+
+async def test_a_tool_removed_after_approval_is_not_run(source):
+    tools = await opened(source)
+    await run(tools["redefine"], {"tool": "echo", "description": ""})
+    with pytest.raises(DefinitionChanged, match="no longer offered"):
+        await run(tools["echo"], {"text": "x"}, ctx(tools["echo"].definition_hash))
+    assert "mcp__demo__echo" not in await current_definitions(source)
+
+
+async def test_definition_hashes_agree_with_the_tools(source):
+    tools = await opened(source)
+    assert await current_definitions(source) == {t.name: t.definition_hash for t in tools.values()}
+    echo = tools["echo"]
+    assert definition_hash(echo.name, echo.description, echo.input_schema()) == (
+        echo.definition_hash
+    )
+
+
+async def test_calls_share_one_session_and_a_cancelled_call_does_not_break_it(source):
+    tools = await opened(source)
+    pids = await asyncio.gather(*(run(tools["pid"], {}) for _ in range(5)))
+    assert len({p["text"] for p in pids}) == 1  # type: ignore[index]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await run(tools["sleep"], {"seconds": 30})
+    assert await run(tools["pid"], {}) == pids[0]
+
+
+async def test_close_ends_the_subprocess_and_is_safe_twice():
+    src = McpSource(stdio())
+    tools = await opened(src)
+    pid = int((await run(tools["pid"], {}))["text"])  # type: ignore[index]
+    assert server_children() == [pid]
+    await src.close()
+    await src.close()
+    assert server_children() == []
+    with pytest.raises(RetryableToolError, match="closed"):
+        await run(tools["pid"], {})
+
+
+def test_the_config_keeps_secrets_out_of_its_repr_and_needs_one_transport():
+    server = McpServer(name="g", url="http://x/mcp", headers={"Authorization": "Bearer s3cret"})
+    assert "s3cret" not in repr(server)
+    assert server.redact("got Bearer s3cret back") == "got *** back"
+    with pytest.raises(ValueError, match="exactly one of url or command"):
+        McpServer(name="g", url="http://x/mcp", command="srv")
+    with pytest.raises(ValueError, match="name"):
+        McpServer(name="bad name", command="srv")

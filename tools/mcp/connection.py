@@ -1,0 +1,251 @@
+"""One MCP session per server, owned by a dedicated task that serves requests from a queue.
+
+The SDK's ``Client`` and its transports are anyio context managers holding task groups:
+they must be entered and left by the same task, and a transport failure cancels the
+task that entered them (a crashed HTTP server cancels whoever sits inside the context).
+So a worker task owns them, and callers only put requests on its queue and await
+futures. A broken session marks its worker broken; the next request starts a new one
+(reconnects). Foreign errors are mapped here, once: connection trouble becomes
+``McpUnavailable`` (retryable), a protocol error from the server a ``ToolError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
+
+from tools.errors import ToolError
+from tools.mcp.config import McpServer
+from tools.mcp.errors import McpUnavailable
+
+log = logging.getLogger(__name__)
+
+Op = Callable[[Client], Awaitable[Any]]
+
+# The SDK's own defaults for MCP over HTTP: the read timeout is long because a server
+# may hold a response stream open (mcp/shared/_httpx_utils.py).
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+_CLOSE_TIMEOUT_S = 10.0  # stdio shutdown alone may take 2 s grace + 2 s SIGTERM + 2 s SIGKILL
+_CLIENT_INFO = types.Implementation(name="opsloop", version="1")
+
+
+@dataclass(eq=False)
+class _Request:
+    op: Op
+    future: asyncio.Future[Any]
+    scope: anyio.CancelScope | None = None
+
+
+@dataclass(eq=False)
+class _Worker:
+    queue: asyncio.Queue[_Request | None]
+    ready: asyncio.Future[None]
+    task: asyncio.Task[None] | None = None
+    broken: bool = False
+    inflight: set[_Request] = field(default_factory=set)
+
+    def stop(self) -> None:
+        self.broken = True
+        self.queue.put_nowait(None)
+
+
+class McpConnection:
+    """Requests to one MCP server over one session, reconnecting after a failure."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self._current: _Worker | None = None
+        self._workers: set[_Worker] = set()
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def request(self, op: Op) -> Any:
+        """Run ``op(client)`` on the session (connecting first when there is none)."""
+        worker = await self._connected()
+        req = _Request(op, asyncio.get_running_loop().create_future())
+        worker.queue.put_nowait(req)
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            # The caller gave up (the engine's tool timeout): stop the request too.
+            if req.scope is not None:
+                req.scope.cancel()
+            raise
+
+    async def close(self) -> None:
+        """End every session (and subprocess); safe to call twice."""
+        self._closed = True
+        workers, self._workers, self._current = list(self._workers), set(), None
+        for worker in workers:
+            if not worker.broken:
+                worker.stop()
+        for worker in workers:
+            await self._join(worker)
+
+    async def _connected(self) -> _Worker:
+        async with self._lock:
+            if self._closed:
+                raise McpUnavailable(f"MCP server {self.server.name!r} is closed")
+            worker = self._current
+            if worker is None or worker.broken:
+                worker = await self._start()
+            return worker
+
+    async def _start(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        worker = _Worker(queue=asyncio.Queue(), ready=loop.create_future())
+        worker.task = asyncio.create_task(self._run(worker), name=f"mcp:{self.server.name}")
+        self._workers.add(worker)
+        worker.task.add_done_callback(lambda _: self._workers.discard(worker))
+        self._current = worker
+        try:
+            async with asyncio.timeout(self.server.connect_timeout_s):
+                await asyncio.shield(worker.ready)
+        except TimeoutError:
+            worker.broken = True
+            worker.task.cancel()
+            await self._join(worker)
+            raise McpUnavailable(
+                f"MCP server {self.server.name!r} did not answer within "
+                f"{self.server.connect_timeout_s:g}s"
+            ) from None
+        return worker
+
+    async def _join(self, worker: _Worker) -> None:
+        assert worker.task is not None
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await asyncio.shield(worker.task)
+        except TimeoutError:
+            worker.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker.task
+        except asyncio.CancelledError:
+            if not worker.task.cancelled():
+                raise
+
+    async def _run(self, worker: _Worker) -> None:
+        """The worker: enter the session, serve requests, leave it, all in this task."""
+        error: BaseException | None = None
+        try:
+            async with AsyncExitStack() as stack:
+                client = await self._enter(stack)
+                worker.ready.set_result(None)
+                async with anyio.create_task_group() as tg:
+                    while (req := await worker.queue.get()) is not None:
+                        tg.start_soon(self._serve, worker, client, req)
+                    tg.cancel_scope.cancel()
+        except Exception as exc:  # the boundary: whatever the SDK raised ends this session
+            error = exc
+        finally:
+            worker.broken = True
+            reason = self._describe(error) if error is not None else "the session was closed"
+            if error is not None:
+                log.warning("mcp session ended server=%s reason=%s", self.server.name, reason)
+            if not worker.ready.done():
+                worker.ready.set_exception(McpUnavailable(reason))
+            pending = list(worker.inflight)
+            while not worker.queue.empty():
+                if (req := worker.queue.get_nowait()) is not None:
+                    pending.append(req)
+            for req in pending:
+                if not req.future.done():
+                    req.future.set_exception(McpUnavailable(reason))
+
+    async def _enter(self, stack: AsyncExitStack) -> Client:
+        server = self.server
+        if server.url is not None:
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=dict(server.headers), timeout=_HTTP_TIMEOUT)
+            )
+            transport: Any = streamable_http_client(server.url, http_client=http)
+        else:
+            assert server.command is not None
+            params = StdioServerParameters(
+                command=server.command, args=list(server.args), env=dict(server.env) or None
+            )
+            transport = stdio_client(params, errlog=_errlog())
+        # No response cache: a definition check must see the server's tools as they are now.
+        client = Client(transport, cache=None, client_info=_CLIENT_INFO)
+        return await stack.enter_async_context(client)
+
+    async def _serve(self, worker: _Worker, client: Client, req: _Request) -> None:
+        if req.future.done():  # the caller already gave up
+            return
+        worker.inflight.add(req)
+        try:
+            with anyio.CancelScope() as req.scope:
+                result = await req.op(client)
+                if not req.future.done():
+                    req.future.set_result(result)
+        except Exception as exc:
+            mapped = self._map(exc)
+            if isinstance(mapped, McpUnavailable):
+                log.warning("mcp connection lost server=%s reason=%s", self.server.name, mapped)
+                worker.stop()
+            if not req.future.done():
+                req.future.set_exception(mapped)
+        finally:
+            worker.inflight.discard(req)
+            if not req.future.done():
+                # Cancelled by the session ending under it: mark the worker broken now,
+                # before the caller can hand the same dying session its next request.
+                worker.broken = True
+                req.future.set_exception(
+                    McpUnavailable(f"MCP server {self.server.name!r}: the connection was lost")
+                )
+
+    def _map(self, exc: Exception) -> ToolError:
+        name = self.server.name
+        if isinstance(exc, ToolError):
+            return exc
+        if isinstance(exc, MCPError):
+            lost = exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT) or (
+                exc.code == INVALID_REQUEST and "terminated" in str(exc).lower()
+            )
+            text = self.server.redact(" ".join(str(exc).split()))
+            if lost:
+                return McpUnavailable(f"MCP server {name!r}: {text}")
+            return ToolError(f"MCP server {name!r} refused the request: {text}")
+        if isinstance(exc, OSError | httpx2.TransportError | anyio.BrokenResourceError):
+            return McpUnavailable(self._describe(exc))
+        return ToolError(self._describe(exc))
+
+    def _describe(self, exc: BaseException) -> str:
+        leaf = _leaf(exc)
+        detail = " ".join(str(leaf).split())
+        text = type(leaf).__name__ + (f": {detail}" if detail else "")
+        return f"MCP server {self.server.name!r}: {self.server.redact(text)}"
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
+        exc = (inner or list(exc.exceptions))[0]
+    return exc
+
+
+def _errlog() -> TextIO:
+    """Where the server's stderr goes: ours, when it is a real file (not a test's buffer)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError, AttributeError):
+            continue
+    raise RuntimeError("no stderr to hand to the MCP server process")

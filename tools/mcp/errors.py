@@ -1,0 +1,34 @@
+"""Errors of MCP tool sources, fitted into the tree of tools/errors.py.
+
+Tree::
+
+    ToolLoadError
+    +-- McpLoadError          startup: unreachable server, bad tool name, missing tool
+    ToolError
+    +-- DefinitionChanged     the tool's definition is not the one the call was approved under
+    RetryableToolError
+    +-- McpUnavailable        the server is down or the connection dropped; the next call reconnects
+"""
+
+from __future__ import annotations
+
+from tools.errors import RetryableToolError, ToolError, ToolLoadError
+
+
+class McpLoadError(ToolLoadError):
+    """One line naming the server (and the tool, when one is at fault)."""
+
+    def __init__(self, server: str, message: str, cause: BaseException | None = None) -> None:
+        # ToolLoadError's own wording is about importing a module; keep its fields only.
+        ToolError.__init__(self, " ".join(message.split()))
+        self.module = f"mcp:{server}"
+        self.cause = cause if cause is not None else self
+        self.server = server
+
+
+class DefinitionChanged(ToolError):
+    """Raised instead of running a call whose tool changed since it was approved."""
+
+
+class McpUnavailable(RetryableToolError):
+    """The MCP server cannot be reached now (down, crashed, connection dropped)."""

@@ -1,0 +1,48 @@
+"""An MCP ``CallToolResult`` as the JSON-able value (or the error) a tool call gives back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+
+from tools.errors import ToolError
+
+
+def tool_output(result: types.CallToolResult) -> dict[str, Any]:
+    """``{"text": …, "structured": …, "attachments": […]}`` with the keys that apply.
+
+    Text blocks are joined; structured content is kept as sent; images, audio and
+    resources are summarised (kind, type, size, uri), never inlined: base64 in the
+    model's context costs tokens and tells it nothing.
+
+    Raises ToolError with the server's text when the result is an error (``isError``).
+    """
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    if result.is_error:
+        raise ToolError("\n".join(texts).strip() or "the MCP tool reported an error")
+    out: dict[str, Any] = {}
+    if texts:
+        out["text"] = "\n".join(texts)
+    if result.structured_content is not None:
+        out["structured"] = result.structured_content
+    attachments = [
+        _summary(block) for block in result.content if not isinstance(block, types.TextContent)
+    ]
+    if attachments:
+        out["attachments"] = attachments
+    return out
+
+
+def _summary(block: Any) -> dict[str, Any]:
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return {"type": block.type, "mime_type": block.mime_type, "bytes": len(block.data) * 3 // 4}
+    if isinstance(block, types.ResourceLink):
+        return {"type": "resource_link", "uri": block.uri, "name": block.name}
+    if isinstance(block, types.EmbeddedResource):
+        res = block.resource
+        size = (
+            len(res.text) if isinstance(res, types.TextResourceContents) else len(res.blob) * 3 // 4
+        )
+        return {"type": "resource", "uri": str(res.uri), "mime_type": res.mime_type, "bytes": size}
+    return {"type": getattr(block, "type", "unknown")}
