@@ -323,7 +323,9 @@ class Store(abc.ABC):
         stamped, new_state = stamp(thread_id, events, expected_seq, state, now)
         rows = [mapper.to_row(e) for e in stamped]
         snapshot = snapshot_due(expected_seq, new_state)
-        outcome = await self._append(thread_id, expected_seq, rows, new_state, now, snapshot=snapshot)
+        outcome = await self._append(
+            thread_id, expected_seq, rows, new_state, now, snapshot=snapshot
+        )
         if isinstance(outcome, Duplicate):
             return Appended(events=[mapper.from_row(outcome.row)], state=None, deduplicated=True)
         if outcome == "moved":

@@ -229,7 +229,9 @@ class PostgresStore(Store):
                 if self.config.schema:
                     name = self.config.schema.replace('"', '""')
                     await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
-                await conn.run_sync(SQLModel.metadata.create_all, tables=[THREADS, EVENTS, SNAPSHOTS])
+                await conn.run_sync(
+                    SQLModel.metadata.create_all, tables=[THREADS, EVENTS, SNAPSHOTS]
+                )
 
     async def ping(self) -> None:
         await self._run(lambda conn: conn.fetchval("SELECT 1"))
@@ -300,7 +302,9 @@ class PostgresStore(Store):
                 where = (create.team, create.channel, create.root_ts)
                 created = await self._run(lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot))
                 return "written" if created == 1 else "moved"
-            found = await self._run(lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot))
+            found = await self._run(
+                lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot)
+            )
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
             # thread) after our statement began: the core looks again.

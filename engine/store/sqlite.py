@@ -139,7 +139,9 @@ class Database:
         self._timeout = timeout
         # An in-memory database is one per name, shared by this process's connections.
         memory = path == ":memory:"
-        self._target = f"file:opsloop-{uuid.uuid4().hex}?mode=memory&cache=shared" if memory else path
+        self._target = (
+            f"file:opsloop-{uuid.uuid4().hex}?mode=memory&cache=shared" if memory else path
+        )
         self._uri = memory
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="opsloop-sqlite-writer")
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="opsloop-sqlite-reader")
