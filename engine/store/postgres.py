@@ -209,7 +209,9 @@ class PostgresStore(Store):
         super().__init__(engine, config)
         dsn = config.url.set(drivername="postgresql").render_as_string(hide_password=False)
         settings = {"search_path": config.schema} if config.schema else None
-        self._pool = Connections(dsn, pool_size, settings)
+        # Reads share this pool with the writes (they had a pool of their own): room
+        # for both, so an ack's reads do not queue behind the runners' appends.
+        self._pool = Connections(dsn, pool_size + max(5, pool_size // 4), settings)
 
     async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         with self._mapped():
