@@ -62,8 +62,8 @@ from tools import ToolContext, ToolRegistry, tool
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 STEPS = 20
 CONCURRENCY = 50
-TARGET_STEP_RATIO = 3.0
-TARGET_TX_RATIO = 0.5
+TARGET_STEP_RATIO = 2.5
+TARGET_TX_RATIO = 0.6
 # A second 50-thread round runs only while the run is younger than this (seconds), so a
 # busy machine still finishes in about a minute.
 SECOND_ROUND_BEFORE_S = 30.0

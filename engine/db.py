@@ -1,6 +1,8 @@
-"""Database URLs and engines: the only place SQLite and PostgreSQL differ in set-up.
+"""Database URLs, and the SQLAlchemy engine the store creates its tables with.
 
-``DATABASE_URL`` may be written the way people write it (``sqlite:///opsloop.db``,
+The store's verbs run on each backend's own driver connections (``engine.store.sqlite``,
+``engine.store.postgres``); this engine serves table creation and people (tests, a
+repair) who want to run SQL by hand. ``DATABASE_URL`` may be written the way people write it (``sqlite:///opsloop.db``,
 ``postgresql://user@host/db``); we pick the async driver. A PostgreSQL URL may carry
 ``?schema=NAME`` to keep opsloop's tables in that schema (shared databases, tests).
 """
@@ -76,13 +78,12 @@ def create_engine(config: DatabaseConfig, *, pool_size: int = 10) -> AsyncEngine
     connect_args: dict[str, Any] = {"timeout": 10}
     if config.schema:
         connect_args["server_settings"] = {"search_path": config.schema}
-    # The hot paths (appends, leases) have their own asyncpg pool of ``pool_size``
-    # (engine/pg_fast.py); this one serves reads and inputs, so it can be smaller.
-    small = max(5, pool_size // 4)
+    # The store's verbs have their own asyncpg pool of ``pool_size``
+    # (engine/store/postgres.py); this one creates tables, so it can be small.
     return create_async_engine(
         config.url,
-        pool_size=small,
-        max_overflow=small,
+        pool_size=1,
+        max_overflow=2,
         # No pre-ping: it costs three round trips per checkout on asyncpg. A dropped
         # connection fails one transaction (nothing half-written); it is retried.
         pool_pre_ping=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import InvalidEvent
@@ -26,26 +27,19 @@ def to_row(event: Event) -> dict[str, Any]:
     }
 
 
-def from_row(row: Any) -> AnyEvent:
-    """The typed event of a stored row; a row that no longer parses is reported, not guessed."""
+def from_row(row: Mapping[str, Any]) -> AnyEvent:
+    """The typed event of a stored row (a driver's record, read by column name); a row
+    that no longer parses is reported, not guessed."""
     try:
-        data = json.loads(row.payload)
+        data = json.loads(row["payload"])
         if not isinstance(data, dict):
             raise ValueError("payload is not an object")
-        data.update(
-            thread_id=row.thread_id,
-            seq=row.seq,
-            event_id=row.event_id,
-            type=row.type,
-            created_at=row.created_at,
-            actor=row.actor,
-            dedupe_key=row.dedupe_key,
-        )
+        data.update({name: row[name] for name in ENVELOPE})
         return EVENT_ADAPTER.validate_python(data)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         first = str(exc).strip().splitlines()
         detail = " ".join(first[:3]) if first else type(exc).__name__
         raise InvalidEvent(
-            f"stored event of thread {row.thread_id} at seq {row.seq} "
-            f"({row.type!r}) does not parse: {detail}"
+            f"stored event of thread {row['thread_id']} at seq {row['seq']} "
+            f"({row['type']!r}) does not parse: {detail}"
         ) from exc

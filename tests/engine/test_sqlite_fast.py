@@ -1,4 +1,4 @@
-"""SQLite's one-hop writer: a burst of appends shares transactions, each keeps its own
+"""The SQLite backend's one-hop writer: a burst of appends shares transactions, each keeps its own
 outcome, and one writer serves every store of the process on that file."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from engine import events as ev
-from engine import sqlite_fast
 from engine.errors import ConcurrencyConflict
 from engine.inputs import post_user_message
 from engine.store import Store, ThreadKey
+from engine.store import sqlite as sqlite_backend
 
 
 def key(i: int) -> ThreadKey:
@@ -65,10 +65,10 @@ async def test_a_stale_append_in_a_batch_fails_alone(sqlite_url: str) -> None:
 async def test_stores_on_one_file_share_one_writer(sqlite_url: str) -> None:
     one, two = await Store.open(sqlite_url), await Store.open(sqlite_url)
     try:
-        assert one._writer is not None and one._writer is two._writer
+        assert one._db is not None and one._db is two._db  # type: ignore[attr-defined]
         await one.close()  # the other store keeps writing
         done = await post_user_message(two, key(9), text="still here", user="U1")
         assert (await two.select_events(done.thread_id))[0].text == "still here"  # type: ignore[union-attr]
     finally:
         await two.close()
-    assert not sqlite_fast._SHARED  # the last store closed it
+    assert not sqlite_backend._SHARED  # the last store closed it

@@ -11,7 +11,15 @@ import pytest
 import sqlalchemy as sa
 
 from engine import events as ev
-from engine.errors import ConcurrencyConflict, IllegalTransition, InvalidEvent, ThreadNotFound
+from engine.db import create_engine, parse_database_url
+from engine.errors import (
+    ConcurrencyConflict,
+    IllegalTransition,
+    InvalidEvent,
+    StoreUnavailable,
+    ThreadNotFound,
+)
+from engine.inputs import post_user_message
 from engine.state import ThreadState, reduce
 from engine.store import SNAPSHOT_EVERY, Store, ThreadKey
 from engine.tables import SNAPSHOTS
@@ -186,6 +194,36 @@ async def test_same_input_three_times_with_one_dedupe_key_is_one_event(store: St
     assert (await store.get_thread(tid)).last_seq == 1
 
 
+async def test_a_redelivered_input_with_fresh_state_is_found_by_the_append_itself(
+    store: Store,
+) -> None:
+    """The caller read the thread after the input went in and never looked the key up:
+    the append's own statement finds the stored input, writes nothing and says so."""
+    tid = await thread_with(store, [user("hi", dedupe_key="Ev01")])
+    posted = ev.MessagePosted(shows_event_id="e", channel="C1", ts="2.0")
+    await store.append(tid, 1, [posted])
+    state = await store.load(tid)
+    again = await store.append(tid, 2, [user("hi", dedupe_key="Ev01")], state=state)
+    assert again.deduplicated and again.state is None
+    assert [(e.seq, e.dedupe_key) for e in again.events] == [(1, "Ev01")]
+    assert [e.seq for e in await store.select_events(tid)] == [1, 2]
+    assert (await store.get_thread(tid)).last_seq == 2
+
+
+async def test_racing_deliveries_of_one_input_to_a_new_thread_store_it_once(
+    store: Store, db_url: str
+) -> None:
+    where = key("7.0")
+    async with more_stores(db_url, 6) as stores:
+        accepted = await asyncio.gather(
+            *(post_user_message(s, where, text="hi", user="U1", dedupe_key="Ev07") for s in stores)
+        )
+    assert len({a.thread_id for a in accepted}) == 1
+    assert sum(not a.deduplicated for a in accepted) == 1
+    (stored,) = await store.select_events(accepted[0].thread_id)
+    assert stored.dedupe_key == "Ev07" and all(a.event == stored for a in accepted)
+
+
 async def test_dedupe_keys_are_per_thread(store: Store) -> None:
     a = await thread_with(store, [user("a", dedupe_key="Ev01")], ts="1.0")
     b = await store.create_thread(key("2.0"))
@@ -358,6 +396,24 @@ async def test_list_threads_filters_by_status(store: Store) -> None:
     assert len(await store.list_threads(limit=2)) == 2
 
 
+async def test_list_threads_filters_in_the_query(store: Store) -> None:
+    """Several statuses, a channel, a requester: App Home and ``/opsloop pending``."""
+    idle = await thread_with(store, [user(), *answered()], "1")
+    asking = await thread_with(store, [user(), *clarification_asked()], "2")
+    other = await store.create_thread(key("3", channel="C2"))
+    await store.append(other, 0, [user(actor="U9"), *approval_pending(expires_at=at(60))])
+    statuses = ("awaiting_reply", "awaiting_approval")
+    assert {t.id for t in await store.list_threads(statuses)} == {asking, other}
+    assert [t.id for t in await store.list_threads(channel="C2")] == [other]
+    assert {t.id for t in await store.list_threads(requester=REQUESTER)} == {idle, asking}
+    assert [t.id for t in await store.list_threads(statuses, channel="C1")] == [asking]
+    assert await store.list_threads(["idle"], requester="U9") == []
+    assert await store.list_threads([]) == []
+    newest_first = [t.id for t in await store.list_threads()]
+    assert newest_first == [other, asking, idle]
+    assert len(await store.list_threads(limit=1, channel="C1")) == 1
+
+
 async def test_resolve_thread_by_id_and_by_channel_slash_ts(store: Store) -> None:
     tid = await thread_with(store, [user()], "1700000000.000100")
     assert (await store.resolve_thread(tid)).id == tid
@@ -399,3 +455,48 @@ async def test_unknown_thread_is_not_found(store: Store) -> None:
 async def test_a_thread_without_events_loads_as_new(store: Store) -> None:
     tid = await store.create_thread(key())
     assert await store.load(tid) == ThreadState(thread_id=tid)
+
+
+# --- an unreachable database ----------------------------------------------------------
+
+
+async def test_every_verb_on_an_unreachable_database_raises_store_unavailable(
+    db_url: str, tmp_path
+) -> None:
+    """Reads as well as writes: no driver error leaks past the store."""
+    if db_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'no-such-dir' / 'opsloop.db'}"
+    else:
+        url = "postgresql://postgres@127.0.0.1:1/x"
+    config = parse_database_url(url)
+    down = Store(create_engine(config), config)  # built without connecting
+    reads = [
+        down.ping(),
+        down.get_thread("thr_x"),
+        down.find_thread(key()),
+        down.resolve_thread("C1/1.0"),
+        down.list_threads(("idle", "running"), channel="C1"),
+        down.select_events("thr_x"),
+        down.load("thr_x"),
+        down.load_for_projection("thr_x"),
+        down.find_by_dedupe_key("thr_x", "Ev01"),
+        down.due_threads(),
+    ]
+    writes = [
+        down.create_thread(key()),
+        down.append_input(key(), lambda _state: user()),
+        down.append("thr_x", 0, [user()], state=ThreadState(thread_id="thr_x")),
+        down.acquire_lease("thr_x", "w1", 30),
+        down.renew_lease("thr_x", "w1", 30),
+        down.release_lease("thr_x", "w1"),
+        down.set_wake_at("thr_x", 0, NOW),
+        down.create_tables(),
+    ]
+    try:
+        for verb in reads + writes:
+            with pytest.raises(StoreUnavailable, match="cannot reach the database"):
+                await verb
+    finally:
+        await down.close()
+    with pytest.raises(StoreUnavailable):
+        await Store.open(url)

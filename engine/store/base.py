@@ -1,0 +1,436 @@
+"""The store port and its dialect-free core: stamping, snapshots, duplicates, errors.
+
+``Store`` is the port every caller names; ``engine.store.sqlite.SqliteStore`` and
+``engine.store.postgres.PostgresStore`` are whole backends behind it, each writing
+each statement once in its driver's own notation (``?n`` for ``sqlite3``, ``$n`` for
+asyncpg). What does not depend on the dialect lives here, once:
+
+* stamping: drafts get their envelope and are applied to the caller's state before
+  anything is written (``IllegalTransition``: nothing is written);
+* the snapshot cadence: an append that crosses a multiple of ``SNAPSHOT_EVERY`` carries
+  the new state, and the backend upserts it in the append's own transaction;
+* the duplicate-input rule: an input whose ``dedupe_key`` is stored already is a no-op
+  returning the stored event; a backend's append answers ``"written"``, ``"moved"``
+  (the thread was not at ``expected_seq``) or ``Duplicate(row)``, and a "moved" thread
+  that holds the input is a duplicate too, not a conflict;
+* error mapping: a backend lists the driver errors that mean "the database cannot be
+  reached" (``DOWN``) and runs every statement, read or write, inside ``_mapped()``,
+  which turns them into ``StoreUnavailable``.
+
+Appending is optimistic: the backend moves the thread row from ``expected_seq`` with a
+guarded UPDATE in the same transaction as the INSERT, so a concurrent writer gets
+``ConcurrencyConflict``, never a gap or a duplicate seq.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine import faults, mapper
+from engine.db import DatabaseConfig, create_engine, parse_database_url
+from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
+from engine.events import AnyEvent, Event, utcnow
+from engine.state import ThreadState, reduce
+from engine.types import Appended, ThreadInfo, ThreadKey
+
+SNAPSHOT_EVERY = 200
+# Statuses whose wake_at means "look again at this time".
+TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
+# The columns of a thread row, in ThreadInfo's order (both backends select these).
+THREAD_COLUMNS = (
+    "id, team, channel, root_ts, requester, status, last_seq, wake_at, lease_owner, "
+    "lease_expires_at, created_at, updated_at"
+)
+EVENT_COLUMNS = "thread_id, seq, event_id, type, actor, created_at, dedupe_key, payload"
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """The append carried an input whose dedupe key is stored already: that row."""
+
+    row: Row
+
+
+# What a backend's append did: wrote the events; found the thread elsewhere than
+# ``expected_seq`` (or, for a new thread, a thread at its key already); or met a
+# stored input.
+Outcome = Literal["written", "moved"] | Duplicate
+
+
+@dataclass(frozen=True)
+class Log:
+    """What a load read: the snapshot it started from, the rows after it, and whether
+    the thread exists at all (a thread without events has neither)."""
+
+    base: ThreadState | None
+    rows: list[Row]
+    exists: bool
+
+
+def new_thread_id() -> str:
+    return f"thr_{uuid.uuid4().hex[:20]}"
+
+
+def stamp(
+    thread_id: str, events: Sequence[Event], expected_seq: int, state: ThreadState, now: datetime
+) -> tuple[list[AnyEvent], ThreadState]:
+    """Give drafts their envelope and apply them (IllegalTransition: nothing is written)."""
+    stamped: list[Any] = [
+        e.model_copy(update={"thread_id": thread_id, "seq": expected_seq + i, "created_at": now})
+        for i, e in enumerate(events, start=1)
+    ]
+    return stamped, reduce(stamped, state)
+
+
+def snapshot_due(expected_seq: int, state: ThreadState) -> str | None:
+    """The state to store with an append that crosses a multiple of SNAPSHOT_EVERY."""
+    if state.last_seq // SNAPSHOT_EVERY > expected_seq // SNAPSHOT_EVERY:
+        return state.model_dump_json()
+    return None
+
+
+def statuses_of(status: str | Collection[str] | None) -> list[str] | None:
+    """One status, several, or None for any."""
+    if status is None or status == "":
+        return None
+    return [status] if isinstance(status, str) else list(status)
+
+
+class Store(abc.ABC):
+    """Threads, their append-only logs, snapshots and leases.
+
+    ``Store(engine, config)`` and ``Store.open(url)`` give the backend of the URL's
+    dialect. ``engine`` (SQLAlchemy) creates the tables from the SQLModel metadata; the
+    verbs run on the backend's own driver connections.
+    """
+
+    # Driver errors meaning the database cannot be reached (not a refused statement).
+    DOWN: ClassVar[tuple[type[BaseException], ...]] = (OSError,)
+
+    def __new__(cls, engine: AsyncEngine, config: DatabaseConfig, **_: Any) -> Store:
+        if cls is Store:
+            cls = _backend(config.dialect)
+        return super().__new__(cls)
+
+    def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
+        self.engine = engine
+        self.config = config
+
+    @classmethod
+    async def open(cls, url: str, *, create: bool = True, pool_size: int = 10) -> Store:
+        """Connect (and create missing tables); unreachable: ``StoreUnavailable``."""
+        config = parse_database_url(url)
+        store = cls(create_engine(config), config, pool_size=pool_size)
+        try:
+            if create:
+                await store.create_tables()
+            else:
+                await store.ping()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @contextlib.contextmanager
+    def _mapped(self, *more: type[BaseException]) -> Iterator[None]:
+        """The one place driver errors become ``StoreUnavailable`` (reads and writes)."""
+        try:
+            yield
+        except (*self.DOWN, *more) as exc:
+            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            why = cause[0] if cause else type(exc).__name__
+            where = self.config.display()
+            raise StoreUnavailable(f"cannot reach the database {where}: {why}") from exc
+
+    # --- the backend's statements ------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create_tables(self) -> None: ...
+
+    @abc.abstractmethod
+    async def ping(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _create_thread(self, new_id: str, key: ThreadKey, now: datetime) -> str:
+        """The id of the thread at ``key``, inserting ``new_id`` there if it is new."""
+
+    @abc.abstractmethod
+    async def find_thread(self, key: ThreadKey) -> str | None: ...
+
+    @abc.abstractmethod
+    async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
+        """Thread rows by id, or by (channel, root_ts)."""
+
+    @abc.abstractmethod
+    async def _list_threads(
+        self, statuses: list[str] | None, limit: int, channel: str | None, requester: str | None
+    ) -> list[Row]: ...
+
+    @abc.abstractmethod
+    async def _events(self, thread_id: str, after: int) -> list[Row]: ...
+
+    @abc.abstractmethod
+    async def _log(self, thread_id: str, start: Callable[[ThreadState | None], int]) -> Log:
+        """The snapshot, then the rows after ``start(snapshot)``, in one read."""
+
+    @abc.abstractmethod
+    async def _dedupe(self, thread_id: str, key: str) -> Row | None: ...
+
+    @abc.abstractmethod
+    async def _append(
+        self,
+        thread_id: str,
+        expected_seq: int,
+        rows: list[dict[str, Any]],
+        state: ThreadState,
+        now: datetime,
+        *,
+        snapshot: str | None,
+        create: ThreadKey | None = None,
+    ) -> Outcome:
+        """One transaction: (``create``: insert the thread row at that key;) skip if an
+        input's dedupe key is stored; move the row from ``expected_seq`` to ``state``;
+        insert ``rows``; upsert ``snapshot`` when given."""
+
+    @abc.abstractmethod
+    async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
+        """Move a waiting thread's next look (a poll that found the job still running)."""
+
+    @abc.abstractmethod
+    async def _acquire(self, thread_id: str, owner: str, until: datetime, now: datetime) -> bool:
+        """Take the lease unless another owner's is live."""
+
+    @abc.abstractmethod
+    async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool: ...
+
+    @abc.abstractmethod
+    async def release_lease(self, thread_id: str, owner: str) -> None: ...
+
+    @abc.abstractmethod
+    async def _due(self, now: datetime, limit: int) -> list[str]: ...
+
+    # --- threads -----------------------------------------------------------------------
+
+    async def create_thread(self, key: ThreadKey, *, now: datetime | None = None) -> str:
+        """The id of the thread at ``key``, creating it if new (idempotent, race-safe)."""
+        return await self._create_thread(new_thread_id(), key, now or utcnow())
+
+    async def get_thread(self, thread_id: str) -> ThreadInfo:
+        rows = await self._threads(thread_id=thread_id, at=None)
+        if not rows:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        return ThreadInfo(**rows[0])
+
+    async def resolve_thread(self, ref: str) -> ThreadInfo:
+        """A thread by id, or by ``CHANNEL/THREAD_TS`` as people copy it from Slack."""
+        if "/" not in ref:
+            return await self.get_thread(ref)
+        channel, _, ts = ref.partition("/")
+        rows = await self._threads(thread_id=None, at=(channel, ts))
+        if not rows:
+            raise ThreadNotFound(f"no thread {ref!r}")
+        if len(rows) > 1:  # the same channel id and ts in two workspaces
+            ids = ", ".join(sorted(r["id"] for r in rows))
+            raise ThreadNotFound(f"{ref!r} is ambiguous (threads {ids}): use the thread id")
+        return ThreadInfo(**rows[0])
+
+    async def list_threads(
+        self,
+        status: str | Collection[str] | None = None,
+        limit: int = 1000,
+        *,
+        channel: str | None = None,
+        requester: str | None = None,
+    ) -> list[ThreadInfo]:
+        """Threads newest first, filtered in the query: by one status or any of several,
+        by channel, by requester."""
+        rows = await self._list_threads(statuses_of(status), limit, channel, requester)
+        return [ThreadInfo(**row) for row in rows]
+
+    # --- events ------------------------------------------------------------------------
+
+    async def select_events(self, thread_id: str, *, after: int = 0) -> list[AnyEvent]:
+        return [mapper.from_row(row) for row in await self._events(thread_id, after)]
+
+    async def load(self, thread_id: str) -> ThreadState:
+        """The thread's state: its latest snapshot plus the events after it."""
+        log = await self._log(thread_id, lambda base: base.last_seq if base else 0)
+        if log.base is None and not log.rows:
+            return self._empty(thread_id, log)
+        return reduce((mapper.from_row(r) for r in log.rows), log.base)
+
+    async def load_for_projection(self, thread_id: str) -> tuple[ThreadState, list[AnyEvent]]:
+        """The state, and the events a prompt needs: those after the latest compaction's
+        ``upto_seq`` (its summary stands for the rest). One read: from the snapshot's
+        compaction on, folding onto the snapshot what lies past it."""
+
+        def start(base: ThreadState | None) -> int:
+            return base.compaction[1] if base is not None and base.compaction else 0
+
+        log = await self._log(thread_id, start)
+        if log.base is None and not log.rows:
+            return self._empty(thread_id, log), []
+        events = [mapper.from_row(r) for r in log.rows]
+        done = log.base.last_seq if log.base is not None else 0
+        state = reduce((e for e in events if e.seq > done), log.base)
+        upto = state.compaction[1] if state.compaction else 0
+        return state, [e for e in events if e.seq > upto]
+
+    @staticmethod
+    def _empty(thread_id: str, log: Log) -> ThreadState:
+        if not log.exists:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        return ThreadState(thread_id=thread_id)
+
+    async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
+        row = await self._dedupe(thread_id, key)
+        return mapper.from_row(row) if row is not None else None
+
+    async def insert_events(
+        self,
+        thread_id: str,
+        events: Sequence[Event],
+        expected_seq: int,
+        *,
+        state: ThreadState | None = None,
+        now: datetime | None = None,
+    ) -> Appended:
+        """Append ``events`` after ``expected_seq`` in one transaction.
+
+        ``state`` is the caller's state at ``expected_seq`` (saves a read); the events
+        are applied to it first, so an illegal one raises and nothing is written. An
+        input whose ``dedupe_key`` is stored already is a no-op returning the stored
+        event. A stale ``expected_seq`` raises ``ConcurrencyConflict``.
+        """
+        now = now or utcnow()
+        if state is None or state.last_seq != expected_seq:
+            state = await self.load(thread_id)
+            if state.last_seq != expected_seq:
+                return await self._moved(thread_id, expected_seq, events)
+        stamped, new_state = stamp(thread_id, events, expected_seq, state, now)
+        rows = [mapper.to_row(e) for e in stamped]
+        snapshot = snapshot_due(expected_seq, new_state)
+        outcome = await self._append(
+            thread_id, expected_seq, rows, new_state, now, snapshot=snapshot
+        )
+        if isinstance(outcome, Duplicate):
+            return Appended(events=[mapper.from_row(outcome.row)], state=None, deduplicated=True)
+        if outcome == "moved":
+            if not await self._threads(thread_id=thread_id, at=None):
+                raise ThreadNotFound(f"no thread {thread_id!r}")
+            return await self._moved(thread_id, expected_seq, events)
+        faults.hit("append")  # crash tests: die right after a commit
+        return Appended(events=stamped, state=new_state)
+
+    async def _moved(self, thread_id: str, expected_seq: int, events: Sequence[Event]) -> Appended:
+        """The thread is not at ``expected_seq``: a stored input is a duplicate (however
+        the sender counted), anything else a conflict."""
+        for key in (e.dedupe_key for e in events if e.dedupe_key):
+            if (stored := await self._dedupe(thread_id, key)) is not None:
+                return Appended(events=[mapper.from_row(stored)], state=None, deduplicated=True)
+        raise ConcurrencyConflict(thread_id, expected_seq)
+
+    async def append(
+        self,
+        thread_id: str,
+        expected_seq: int,
+        events: Sequence[Event],
+        *,
+        state: ThreadState | None = None,
+        now: datetime | None = None,
+    ) -> Appended:
+        """DESIGN's ``append(thread_id, expected_seq, events)``: ``insert_events``."""
+        return await self.insert_events(thread_id, events, expected_seq, state=state, now=now)
+
+    async def append_input(
+        self,
+        key: ThreadKey,
+        build: Callable[[ThreadState], Event],
+        *,
+        dedupe_key: str | None = None,
+        now: datetime | None = None,
+        start: bool = True,
+    ) -> tuple[str, Appended]:
+        """Store the input ``build(state)`` in the thread at ``key`` (created if new, or
+        ``ThreadNotFound`` when ``start`` is false): what a front door does before it
+        answers. An input whose ``dedupe_key`` is stored already returns the stored
+        event and writes nothing.
+
+        The reads come first; the write is the guarded append, so a writer that moved
+        the thread meanwhile makes it ``ConcurrencyConflict`` (the caller reads again).
+        A new thread and its first input are one transaction.
+        """
+        now = now or utcnow()
+        thread_id = await self.find_thread(key)
+        if thread_id is None:
+            if not start:
+                raise ThreadNotFound(f"no thread at {key.channel}/{key.root_ts}")
+            return await self._append_new_thread(key, build, now)
+        if dedupe_key and (stored := await self.find_by_dedupe_key(thread_id, dedupe_key)):
+            return thread_id, Appended(events=[stored], state=None, deduplicated=True)
+        state = await self.load(thread_id)
+        event = build(state)
+        done = await self.insert_events(thread_id, [event], state.last_seq, state=state, now=now)
+        return thread_id, done
+
+    async def _append_new_thread(
+        self, key: ThreadKey, build: Callable[[ThreadState], Event], now: datetime
+    ) -> tuple[str, Appended]:
+        thread_id = new_thread_id()
+        state = ThreadState(thread_id=thread_id)
+        stamped, new_state = stamp(thread_id, [build(state)], 0, state, now)
+        rows = [mapper.to_row(e) for e in stamped]
+        snapshot = snapshot_due(0, new_state)
+        outcome = await self._append(
+            thread_id, 0, rows, new_state, now, snapshot=snapshot, create=key
+        )
+        if outcome != "written":  # someone created the thread first: the caller reads again
+            raise ConcurrencyConflict(thread_id, 0)
+        faults.hit("append")
+        return thread_id, Appended(events=stamped, state=new_state)
+
+    # --- timers and leases -------------------------------------------------------------
+
+    async def acquire_lease(
+        self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
+    ) -> bool:
+        """Take the thread for ``ttl`` seconds unless another owner holds a live lease."""
+        now = now or utcnow()
+        return await self._acquire(thread_id, owner, now + timedelta(seconds=ttl), now)
+
+    async def renew_lease(
+        self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
+    ) -> bool:
+        return await self._renew(thread_id, owner, (now or utcnow()) + timedelta(seconds=ttl))
+
+    async def due_threads(self, now: datetime | None = None, limit: int = 100) -> list[str]:
+        """Threads with work and no live lease: timers due, or runnable and unowned."""
+        return await self._due(now or utcnow(), limit)
+
+
+def _backend(dialect: str) -> type[Store]:
+    if dialect == "postgresql":
+        from engine.store.postgres import PostgresStore
+
+        return PostgresStore
+    from engine.store.sqlite import SqliteStore
+
+    return SqliteStore
+
+
+async def open_store(url: str, *, create: bool = True, pool_size: int = 10) -> Store:
+    """The backend for ``url``, connected (as DBOS's ``SystemDatabase.create``)."""
+    return await Store.open(url, create=create, pool_size=pool_size)

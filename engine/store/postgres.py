@@ -1,0 +1,335 @@
+"""The PostgreSQL backend: every verb is one statement in autocommit on asyncpg.
+
+One statement is one round trip and (for a write) one commit: the append moves the
+thread row, inserts the events and upserts the snapshot in data-modifying CTEs, so a
+writer that moved the thread first makes the guarded UPDATE match no row and nothing
+is inserted. Statements are written once, here, with asyncpg's ``$n`` parameters.
+SQLAlchemy is used only to create the tables from the SQLModel metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlmodel import SQLModel
+
+from engine.db import DatabaseConfig
+from engine.state import ThreadState
+from engine.store.base import (
+    EVENT_COLUMNS,
+    THREAD_COLUMNS,
+    TIMED_STATUSES,
+    Duplicate,
+    Log,
+    Outcome,
+    Row,
+    Store,
+)
+from engine.tables import EVENTS, SNAPSHOTS, THREADS
+from engine.types import ThreadKey
+
+T = TypeVar("T")
+
+_EVENTS_FROM_ARRAYS = """
+unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+    AS e(seq, event_id, type, actor, payload, dedupe_key)
+"""
+# Both appends: $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status,
+# wake_at, requester, updated_at; $12 its id. Then $13 expected_seq, $14 the inputs'
+# dedupe keys, $15 the snapshot (NULL: none due).
+APPEND_SQL = f"""
+WITH stored AS (
+    SELECT {EVENT_COLUMNS} FROM events
+    WHERE thread_id = $12 AND dedupe_key = ANY($14::text[])
+    ORDER BY seq LIMIT 1
+), moved AS (
+    UPDATE threads
+    SET last_seq = $7, status = $8, wake_at = $9, requester = $10, updated_at = $11
+    WHERE id = $12 AND last_seq = $13 AND NOT EXISTS (SELECT FROM stored)
+    RETURNING id
+), inserted AS (
+    INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
+    SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key
+    FROM moved, {_EVENTS_FROM_ARRAYS}
+), snapshot AS (
+    INSERT INTO snapshots (thread_id, seq, state)
+    SELECT moved.id, $7, $15::text FROM moved WHERE $15::text IS NOT NULL
+    ON CONFLICT (thread_id) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state
+)
+SELECT (SELECT count(*) FROM moved) AS moved, stored.*
+FROM (SELECT) AS one LEFT JOIN stored ON true
+"""
+# A new thread already at its state, with its first events and any snapshot:
+# $13-$15 its team, channel and root_ts, $16 the snapshot.
+CREATE_SQL = f"""
+WITH created AS (
+    INSERT INTO threads
+        (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
+    VALUES ($12, $13, $14, $15, $8, $7, $9, $10, $11, $11)
+    ON CONFLICT (team, channel, root_ts) DO NOTHING
+    RETURNING id
+), inserted AS (
+    INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
+    SELECT created.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key
+    FROM created, {_EVENTS_FROM_ARRAYS}
+), snapshot AS (
+    INSERT INTO snapshots (thread_id, seq, state)
+    SELECT created.id, $7, $16::text FROM created WHERE $16::text IS NOT NULL
+)
+SELECT count(*) FROM created
+"""
+CREATE_THREAD_SQL = """
+WITH created AS (
+    INSERT INTO threads (id, team, channel, root_ts, status, last_seq, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, 'new', 0, $5, $5)
+    ON CONFLICT (team, channel, root_ts) DO NOTHING
+    RETURNING id
+)
+SELECT id FROM created
+UNION ALL SELECT id FROM threads WHERE team = $2 AND channel = $3 AND root_ts = $4
+"""
+FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = $1 AND channel = $2 AND root_ts = $3"
+THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = $1"
+THREADS_AT_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE channel = $1 AND root_ts = $2"
+LIST_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM threads
+WHERE ($1::text[] IS NULL OR status = ANY($1))
+  AND ($2::text IS NULL OR channel = $2)
+  AND ($3::text IS NULL OR requester = $3)
+ORDER BY updated_at DESC LIMIT $4
+"""
+EVENTS_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = $1 AND seq > $2 ORDER BY seq"
+SNAPSHOT_SQL = "SELECT state FROM snapshots WHERE thread_id = $1"
+EXISTS_SQL = "SELECT 1 FROM threads WHERE id = $1"
+DEDUPE_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = $1 AND dedupe_key = $2"
+WAKE_SQL = "UPDATE threads SET wake_at = $3 WHERE id = $1 AND last_seq = $2"
+ACQUIRE_SQL = """
+UPDATE threads SET lease_owner = $2, lease_expires_at = $3
+WHERE id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_at < $4)
+"""
+RENEW_SQL = "UPDATE threads SET lease_expires_at = $3 WHERE id = $1 AND lease_owner = $2"
+RELEASE_SQL = """
+UPDATE threads SET lease_owner = NULL, lease_expires_at = NULL
+WHERE id = $1 AND lease_owner = $2
+"""
+DUE_SQL = """
+SELECT id FROM threads
+WHERE (lease_owner IS NULL OR lease_expires_at < $1)
+  AND (status = 'running' OR (status = ANY($2::text[]) AND wake_at <= $1))
+ORDER BY updated_at LIMIT $3
+"""
+
+# Errors after which a connection cannot be trusted (a server-side error such as a
+# unique violation leaves it usable).
+BROKEN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
+# Server answers that mean it is going away or cannot take us now.
+_SERVER_DOWN = (
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+class Connections:
+    """A small LIFO pool of asyncpg connections for one-statement work.
+
+    asyncpg's own pool resets each connection on release and shields the release in a
+    task: together more than a tenth of a commit. Our statements leave no session
+    state, so a connection goes back as it is; one that broke is dropped.
+    """
+
+    def __init__(self, dsn: str, size: int, settings: dict[str, str] | None) -> None:
+        self._dsn = dsn
+        self._settings = settings
+        self._idle: list[asyncpg.Connection] = []
+        self._slots = asyncio.Semaphore(size)
+        self._closed = False
+
+    async def run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``work(conn)``; a stale idle connection is dropped and the work retried once
+        (every statement here is safe to run again: a write that had committed finds
+        the row moved)."""
+        for attempt in (1, 2):
+            async with self._slots:
+                conn = self._idle.pop() if self._idle else await self._connect()
+                try:
+                    result = await work(conn)
+                except asyncpg.PostgresError as exc:
+                    if isinstance(exc, asyncpg.PostgresConnectionError):
+                        conn.terminate()
+                        if attempt == 1:
+                            continue
+                    else:
+                        self._idle.append(conn)
+                    raise
+                except BaseException as exc:
+                    conn.terminate()  # cancelled mid-statement, or the socket broke
+                    if attempt == 1 and isinstance(exc, BROKEN):
+                        continue
+                    raise
+                self._idle.append(conn)
+                return result
+        raise AssertionError("unreachable")
+
+    async def _connect(self) -> asyncpg.Connection:
+        if self._closed:
+            raise asyncpg.InterfaceError("the store is closed")
+        return await asyncpg.connect(self._dsn, server_settings=self._settings, timeout=10)
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close(timeout=5)
+
+
+def _rows_of(status: str) -> int:
+    """Rows a statement touched, from asyncpg's command tag ("UPDATE 1")."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+def _arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The events as the arrays ``unnest`` takes, in the statements' order."""
+    names = ("seq", "event_id", "type", "actor", "payload", "dedupe_key")
+    return [[r[name] for r in rows] for name in names]
+
+
+class PostgresStore(Store):
+    DOWN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, *_SERVER_DOWN, OSError)
+
+    def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
+        super().__init__(engine, config)
+        dsn = config.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        settings = {"search_path": config.schema} if config.schema else None
+        # Reads share this pool with the writes (they had a pool of their own): room
+        # for both, so an ack's reads do not queue behind the runners' appends.
+        self._pool = Connections(dsn, pool_size + max(5, pool_size // 4), settings)
+
+    async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        with self._mapped():
+            return await self._pool.run(work)
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Row]:
+        return await self._run(lambda conn: conn.fetch(sql, *args))
+
+    async def _execute(self, sql: str, *args: Any) -> int:
+        return _rows_of(await self._run(lambda conn: conn.execute(sql, *args)))
+
+    async def create_tables(self) -> None:
+        with self._mapped(DBAPIError):
+            async with self.engine.begin() as conn:
+                # CREATE … IF NOT EXISTS races between processes starting together.
+                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(7270010001)"))
+                if self.config.schema:
+                    name = self.config.schema.replace('"', '""')
+                    await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
+                await conn.run_sync(
+                    SQLModel.metadata.create_all, tables=[THREADS, EVENTS, SNAPSHOTS]
+                )
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.fetchval("SELECT 1"))
+
+    async def close(self) -> None:
+        await self._pool.close()
+        await self.engine.dispose()
+
+    # --- threads -----------------------------------------------------------------------
+
+    async def _create_thread(self, new_id: str, key: ThreadKey, now: datetime) -> str:
+        where = (key.team, key.channel, key.root_ts)
+        found = await self._run(lambda c: c.fetchval(CREATE_THREAD_SQL, new_id, *where, now))
+        if found is None:  # created by a statement that committed after ours began
+            found = await self.find_thread(key)
+        assert found is not None
+        return str(found)
+
+    async def find_thread(self, key: ThreadKey) -> str | None:
+        where = (key.team, key.channel, key.root_ts)
+        found = await self._run(lambda conn: conn.fetchval(FIND_THREAD_SQL, *where))
+        return None if found is None else str(found)
+
+    async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
+        if at is not None:
+            return await self._fetch(THREADS_AT_SQL, *at)
+        return await self._fetch(THREAD_SQL, thread_id)
+
+    async def _list_threads(
+        self, statuses: list[str] | None, limit: int, channel: str | None, requester: str | None
+    ) -> list[Row]:
+        return await self._fetch(LIST_SQL, statuses, channel, requester, limit)
+
+    # --- events ------------------------------------------------------------------------
+
+    async def _events(self, thread_id: str, after: int) -> list[Row]:
+        return await self._fetch(EVENTS_SQL, thread_id, after)
+
+    async def _log(self, thread_id: str, start: Callable[[ThreadState | None], int]) -> Log:
+        async def read(conn: asyncpg.Connection) -> Log:
+            snap = await conn.fetchval(SNAPSHOT_SQL, thread_id)
+            base = ThreadState.model_validate_json(snap) if snap is not None else None
+            rows = await conn.fetch(EVENTS_SQL, thread_id, start(base))
+            exists = bool(base or rows) or await conn.fetchval(EXISTS_SQL, thread_id) is not None
+            return Log(base, rows, exists)
+
+        return await self._run(read)
+
+    async def _dedupe(self, thread_id: str, key: str) -> Row | None:
+        return await self._run(lambda conn: conn.fetchrow(DEDUPE_SQL, thread_id, key))
+
+    async def _append(
+        self,
+        thread_id: str,
+        expected_seq: int,
+        rows: list[dict[str, Any]],
+        state: ThreadState,
+        now: datetime,
+        *,
+        snapshot: str | None,
+        create: ThreadKey | None = None,
+    ) -> Outcome:
+        moved = (state.last_seq, state.status, state.wake_at, state.requester, now)
+        args = (*_arrays(rows), *moved, thread_id)
+        keys = [r["dedupe_key"] for r in rows if r["dedupe_key"]]
+        try:
+            if create is not None:
+                where = (create.team, create.channel, create.root_ts)
+                created = await self._run(lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot))
+                return "written" if created == 1 else "moved"
+            found = await self._run(
+                lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot)
+            )
+        except asyncpg.UniqueViolationError:
+            # A racing writer stored the same input (or the first events of a new
+            # thread) after our statement began: the core looks again.
+            return "moved"
+        assert found is not None
+        if found["seq"] is not None:
+            return Duplicate({k: found[k] for k in found.keys() if k != "moved"})
+        return "written" if found["moved"] == 1 else "moved"
+
+    # --- timers and leases -------------------------------------------------------------
+
+    async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
+        return await self._execute(WAKE_SQL, thread_id, expected_seq, wake_at) == 1
+
+    async def _acquire(self, thread_id: str, owner: str, until: datetime, now: datetime) -> bool:
+        return await self._execute(ACQUIRE_SQL, thread_id, owner, until, now) == 1
+
+    async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool:
+        return await self._execute(RENEW_SQL, thread_id, owner, until) == 1
+
+    async def release_lease(self, thread_id: str, owner: str) -> None:
+        await self._execute(RELEASE_SQL, thread_id, owner)
+
+    async def _due(self, now: datetime, limit: int) -> list[str]:
+        rows = await self._fetch(DUE_SQL, now, list(TIMED_STATUSES), limit)
+        return [r["id"] for r in rows]
