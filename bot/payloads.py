@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from engine.inputs import Org
-from engine.store import ThreadKey
+from engine.types import ThreadKey
 
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
 SIGNATURE_HEADER = "X-Slack-Signature"

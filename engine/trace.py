@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine import events as ev
 
 if TYPE_CHECKING:  # a type only: this module does no I/O
-    from engine.store import ThreadInfo
+    from engine.types import ThreadInfo
 
 SUMMARY_WIDTH = 80
 EXCERPT_WIDTH = 60

@@ -14,7 +14,8 @@ from bot.blocks import ACTIVE
 from bot.listeners.deps import Deps
 from bot.mrkdwn import escape
 from bot.reviewers import ReviewerLookupError
-from engine.store import ThreadInfo
+from engine.state import PendingCall
+from engine.types import ThreadInfo
 
 LIST_LIMIT = 500  # threads read for /opsloop and the Home tab
 RECENT = 10  # recent threads on the Home tab
@@ -47,7 +48,7 @@ async def on_home_opened(
         d.background.spawn("views.publish", _publish_home(d, client, user))
 
 
-def _row(info: ThreadInfo, url: str | None, tool: str | None = None) -> home.ThreadRow:
+def _row(info: ThreadInfo, url: str | None, call: PendingCall | None = None) -> home.ThreadRow:
     return home.ThreadRow(
         thread_id=info.id,
         channel=info.channel,
@@ -56,7 +57,9 @@ def _row(info: ThreadInfo, url: str | None, tool: str | None = None) -> home.Thr
         requester=info.requester,
         updated_at=info.updated_at,
         link=p.permalink(url, info.channel, info.root_ts),
-        tool=tool,
+        tool=call.intent if call else None,
+        arguments=call.arguments if call else None,
+        requested_at=call.requested_at if call else None,
     )
 
 
@@ -74,22 +77,20 @@ async def _pending_rows(d: Deps, user: str, url: str | None) -> list[home.Thread
     ]
     rows = []
     for i, info in enumerate(mine):
-        tool = None
-        if i < home.MAX_LINES:  # the lines shown name their tool
-            state = await d.store.load(info.id)
-            tool = state.pending.intent if state.pending else None
-        rows.append(_row(info, url, tool))
+        call = None
+        if i < home.MAX_LINES:  # the lines shown name their call
+            call = (await d.store.load(info.id)).pending
+        rows.append(_row(info, url, call))
     return rows
 
 
 async def _status_rows(d: Deps, channel: str, url: str | None) -> list[home.ThreadRow]:
-    threads = await d.store.list_threads(limit=LIST_LIMIT)
-    return [_row(t, url) for t in threads if t.channel == channel and t.status in ACTIVE]
+    threads = await d.store.list_threads(ACTIVE, limit=LIST_LIMIT, channel=channel)
+    return [_row(t, url) for t in threads]
 
 
 async def _publish_home(d: Deps, client: AsyncWebClient, user: str) -> None:
     url = d.identity.url
     pending = await _pending_rows(d, user, url)
-    threads = await d.store.list_threads(limit=LIST_LIMIT)
-    recent = [_row(t, url) for t in threads if t.requester == user][:RECENT]
+    recent = [_row(t, url) for t in await d.store.list_threads(limit=RECENT, requester=user)]
     await client.views_publish(user_id=user, view=home.home_view(user, pending, recent))

@@ -800,6 +800,9 @@ async def test_slash_command_help_pending_and_status(store: Store, slack: FakeSl
         pending = await command(s, "pending", BOB)
         link = f"https://{TEAM_DOMAIN}.slack.com/archives/{CHANNEL}/p1700000000000100"
         assert link in pending and "*deploy*" in pending and f"<@{ANN}>" in pending
+        # Where, what exactly and since when: not a bare thread ts.
+        assert f"<#{CHANNEL}>" in pending and "service=api" in pending and "env=staging" in pending
+        assert "<!date^" in pending and "{ago}" in pending
         assert "Nothing is waiting for you" in await command(s, "pending", ANN)  # requester
         assert "Nothing is waiting for you" in await command(s, "pending", EVE)  # not approver
         status = await command(s, "status", EVE)
