@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from engine.config_file import PolicyRule, RulePolicy
 
@@ -61,6 +61,44 @@ class RuleDecision:
     max_grant_s: float | None = None
     idempotent: bool | None = None
     trust_hints: bool = False
+
+
+class ToolFacts(Protocol):
+    """What the rules read of a tool (a :class:`tools.Tool` fits)."""
+
+    name: str
+    policy: str
+    source: str
+    annotations: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """The policy a process enforces: the file's rules (none without a file), the
+    effective approval defaults and the file's hash (None without a file). With no
+    rules it gives every tool its own ``@tool`` policy and the global approvers, which
+    is the behaviour of the environment variables alone."""
+
+    rules: tuple[PolicyRule, ...] = ()
+    defaults: Defaults = Defaults()
+    policy_hash: str | None = None
+
+    def decide(
+        self, tool: ToolFacts, arguments: Mapping[str, Any], channel: str | None
+    ) -> RuleDecision:
+        return decide(
+            self.rules,
+            self.defaults,
+            tool=tool.name,
+            arguments=arguments,
+            default_policy=tool.policy,
+            source=tool.source,
+            channel=channel,
+            annotations=tool.annotations,
+        )
+
+    def offered(self, name: str) -> bool:
+        return offered(self.rules, name)
 
 
 def matches(rule: PolicyRule, tool: str) -> bool:

@@ -540,3 +540,30 @@ def test_rules_import_no_io_library():
         "bot",
     }
     assert not loaded & forbidden
+
+
+# --- PolicySet: what the runner is handed ------------------------------------------------
+
+
+class _Facts:
+    def __init__(self, name: str, policy: str = "run_now", source: str = "module:acme") -> None:
+        self.name, self.policy, self.source, self.annotations = name, policy, source, {}
+
+
+def test_an_empty_policy_set_is_the_behaviour_of_the_environment_alone() -> None:
+    from engine.rules import Defaults, PolicySet
+
+    policy = PolicySet(defaults=Defaults(frozenset({"S0SRE"}), False, 3600.0))
+    d = policy.decide(_Facts("deploy", "approve_before_run"), {}, "C1")
+    assert (d.policy, d.rule, d.approvers, d.quorum, d.expires_in_s) == (
+        "approve_before_run",
+        None,
+        frozenset({"S0SRE"}),
+        1,
+        3600.0,
+    )
+    assert policy.decide(_Facts("search_docs"), {}, None).policy == "run_now"
+    assert policy.decide(_Facts("mcp__k__pods", source="mcp:k"), {}, None).policy == (
+        "approve_before_run"
+    )
+    assert policy.offered("anything") and policy.policy_hash is None
