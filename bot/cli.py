@@ -5,9 +5,11 @@
     opsloop local                    everything on this machine, Slack in the browser
     opsloop threads [--status S] [--json]
     opsloop trace THREAD [--json]    THREAD: a thread id or CHANNEL/THREAD_TS
+    opsloop replay THREAD [--seq N | --all] [--json]
 
-A bad setting or an unreachable database is one line on stderr and exit status 2, never
-a traceback.
+A bad setting, a busy port or an unreachable database is one line on stderr and exit
+status 2, never a traceback. The commands that only read (threads, trace, replay) never
+create a database: run in the wrong directory, they say none was found.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, get_args
 
+import sqlalchemy as sa
+
 from engine.config import Settings, load_settings
-from engine.db import database_url_from_env
+from engine.db import DatabaseConfig, database_url_from_env, parse_database_url
 from engine.errors import ConfigError, EngineError, ThreadNotFound
 from engine.state import Status
 from engine.store import Store
@@ -114,9 +119,44 @@ def configure_logging(level: int) -> None:
 # --- the store ----------------------------------------------------------------------
 
 
+def _no_database(where: str) -> CliError:
+    return CliError(f"{PROG}: no opsloop database at {where} (set DATABASE_URL)")
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(config: DatabaseConfig) -> None:
+    """A SQLite file must exist and be one: opening any other file would write to it."""
+    path = config.url.database or ""
+    if config.dialect != "sqlite" or path == ":memory:":
+        return
+    try:
+        with open(path, "rb") as file:
+            is_sqlite = file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        is_sqlite = False
+    if not is_sqlite:
+        raise _no_database(path if os.path.dirname(path) else os.path.join(".", path))
+
+
 async def _open_store() -> Store:
-    # Store.open creates missing tables (harmless), so a fresh SQLite file just works.
-    return await Store.open(database_url_from_env(), pool_size=2)
+    """The store of a command that only reads: an existing opsloop database, never a new
+    one (Store.open would create a missing SQLite file and its tables)."""
+    url = database_url_from_env()
+    config = parse_database_url(url)
+    _check_sqlite_file(config)
+    store = await Store.open(url, create=False, pool_size=2)
+    try:
+        async with store.engine.connect() as conn:
+            found = await conn.run_sync(lambda c: sa.inspect(c).has_table("threads"))
+    except BaseException:
+        await store.close()
+        raise
+    if not found:
+        await store.close()
+        raise _no_database(config.display())
+    return store
 
 
 # --- threads ------------------------------------------------------------------------
@@ -145,6 +185,7 @@ async def _threads(args: argparse.Namespace) -> int:
             print(json.dumps(thread_record(info), ensure_ascii=False))
         return 0
     if not infos:
+        print(f"no threads with status {args.status}" if args.status else "no threads yet")
         return 0
     rows = [["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "UPDATED"]]
     for info in infos:
@@ -221,7 +262,32 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
 
 
-async def _serve(settings: Settings, host: str, port: int) -> int:
+async def _run_until_signalled(serving: Callable[[], AbstractAsyncContextManager[object]]) -> int:
+    """Start ``serving``, run until SIGINT or SIGTERM, stop it: every front door."""
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)  # before starting: a Ctrl-C while starting stops cleanly
+    async with serving():
+        await stop.wait()
+        log.info("stopping")
+    log.info("stopped")
+    return 0
+
+
+def _bind(command: str, host: str, port: int) -> socket.socket:
+    """The listening socket, before anything starts: a busy port is one line."""
+    from bot.runtime import bind
+
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise CliError(
+            f"{PROG} {command}: cannot listen on {host}:{port}: {exc.strerror or exc} "
+            "(set PORT to another port)"
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def _http(settings: Settings, sock: socket.socket) -> AsyncIterator[None]:
     from aiohttp import web
 
     from bot.runtime import start_runtime, web_app
@@ -231,32 +297,23 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
         token=os.environ["SLACK_BOT_TOKEN"],
         signing_secret=os.environ["SLACK_SIGNING_SECRET"],
     )
-    stop = asyncio.Event()
-    _install_signal_handlers(stop)
     web_runner = web.AppRunner(web_app(runtime), handle_signals=False, access_log=None)
     try:
         await web_runner.setup()
-        site = web.TCPSite(web_runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise CliError(
-                f"{PROG} serve: cannot listen on {host}:{port}: {exc.strerror or exc}"
-            ) from None
+        await web.SockSite(web_runner, sock).start()
         runtime.start()
+        host, port = sock.getsockname()[:2]
         log.info("serving on http://%s:%d (/healthz, /slack/events, /hooks/…)", host, port)
-        await stop.wait()
-        log.info("stopping")
+        yield
     finally:
         # Stop taking requests first, then let running threads reach a boundary.
         with contextlib.suppress(Exception):
             await web_runner.cleanup()
         await runtime.close(SHUTDOWN_TIMEOUT_S)
-    log.info("stopped")
-    return 0
 
 
-async def _socket(settings: Settings) -> int:
+@contextlib.asynccontextmanager
+async def _socket_mode(settings: Settings) -> AsyncIterator[None]:
     from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
     from bot.runtime import start_runtime
@@ -266,8 +323,6 @@ async def _socket(settings: Settings) -> int:
         token=os.environ["SLACK_BOT_TOKEN"],
         signing_secret=os.environ.get("SLACK_SIGNING_SECRET", ""),
     )
-    stop = asyncio.Event()
-    _install_signal_handlers(stop)
     handler = AsyncSocketModeHandler(
         runtime.bolt, os.environ["SLACK_APP_TOKEN"], web_client=runtime.client
     )
@@ -275,14 +330,11 @@ async def _socket(settings: Settings) -> int:
         await handler.connect_async()
         runtime.start()
         log.info("connected to Slack in Socket Mode")
-        await stop.wait()
-        log.info("stopping")
+        yield
     finally:
         with contextlib.suppress(Exception):
             await handler.close_async()
         await runtime.close(SHUTDOWN_TIMEOUT_S)
-    log.info("stopped")
-    return 0
 
 
 def _cmd_socket(_args: argparse.Namespace) -> int:
@@ -291,7 +343,7 @@ def _cmd_socket(_args: argparse.Namespace) -> int:
         raise CliError(f"{PROG} socket: set {_and(missing)} (see README: Configuration)")
     settings = load_settings()
     configure_logging(logging.INFO)
-    return asyncio.run(_socket(settings))
+    return asyncio.run(_run_until_signalled(lambda: _socket_mode(settings)))
 
 
 def _cmd_serve(_args: argparse.Namespace) -> int:
@@ -300,8 +352,12 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
         raise CliError(f"{PROG} serve: set {_and(missing)} (see README: Configuration)")
     settings = load_settings()  # every setting checked before anything starts
     host, port = _listen_address()
+    sock = _bind("serve", host, port)
     configure_logging(logging.INFO)
-    return asyncio.run(_serve(settings, host, port))
+    try:
+        return asyncio.run(_run_until_signalled(lambda: _http(settings, sock)))
+    finally:
+        sock.close()
 
 
 # --- local --------------------------------------------------------------------------
@@ -310,23 +366,19 @@ LOCAL_HOST = "127.0.0.1"  # only this machine: the page acts as anyone in the wo
 LOCAL_TOOLS = "tools.builtin,tools.demo"
 
 
-async def _local(settings: Settings, sock: socket.socket) -> int:
+@contextlib.asynccontextmanager
+async def _local(settings: Settings, sock: socket.socket) -> AsyncIterator[None]:
     from bot.local.server import choose_model, start_local
 
     make_model, kind, suggestions = choose_model()
-    stop = asyncio.Event()
-    _install_signal_handlers(stop)  # before starting: a Ctrl-C while starting stops cleanly
     local = await start_local(
         settings, sock, make_model=make_model, model_kind=kind, suggestions=suggestions
     )
     try:
         print(f"{PROG} local: open {local.url}", flush=True)
-        await stop.wait()
-        log.info("stopping")
+        yield
     finally:
         await local.close(SHUTDOWN_TIMEOUT_S)
-    log.info("stopped")
-    return 0
 
 
 def _cmd_local(_args: argparse.Namespace) -> int:
@@ -336,17 +388,10 @@ def _cmd_local(_args: argparse.Namespace) -> int:
         env["OPSLOOP_TOOLS"] = LOCAL_TOOLS
     settings = load_settings(env)
     host, port = _listen_address("local", LOCAL_HOST)
-    from bot.local.server import bind
-
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        raise CliError(
-            f"{PROG} local: cannot listen on {host}:{port}: {exc.strerror or exc}"
-        ) from None
+    sock = _bind("local", host, port)
     configure_logging(logging.INFO)
     try:
-        return asyncio.run(_local(settings, sock))
+        return asyncio.run(_run_until_signalled(lambda: _local(settings, sock)))
     finally:
         sock.close()
 
@@ -362,14 +407,13 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 async def _replay(args: argparse.Namespace) -> int:
     from engine.replay import replay, replay_all
 
-    load_tools(os.environ.get("OPSLOOP_TOOLS"))  # the model saw the tools configured here
     store = await _open_store()
     try:
         info = await store.resolve_thread(args.thread)
         events = await store.select_events(info.id)
     finally:
         await store.close()
-    tools = list(REGISTRY)
+    tools = _replay_tools(events)
     if args.all:
         results = replay_all(events, tools)
         for result in results:
@@ -382,6 +426,20 @@ async def _replay(args: argparse.Namespace) -> int:
         _print_prompt(result.prompt)
     print(result.verdict(), file=sys.stderr if args.json else sys.stdout)
     return 0 if result.matches else 1
+
+
+def _replay_tools(events: Sequence[Any]) -> list[Any]:
+    """The tools this process is configured with (OPSLOOP_TOOLS), and those `opsloop
+    local` adds (tools.demo) when the thread's decisions saw tools these lack: a thread
+    made by `opsloop local` replays with the tools it was made with. Each decision is
+    replayed with the tools it was offered (engine.replay.tools_for)."""
+    from engine.replay import tools_seen
+
+    configured = os.environ.get("OPSLOOP_TOOLS")
+    load_tools(configured)
+    if tools_seen(events) - set(REGISTRY.names()):
+        load_tools(",".join(filter(None, [configured, LOCAL_TOOLS])))
+    return list(REGISTRY)
 
 
 def _print_prompt(prompt: Any) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,6 +157,25 @@ async def _background(
         gate=priority.quiet,
     )
     return Background(store, model, worker, delivery)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, made before anything starts, so a taken port
+    is one line (``OSError``) rather than a process that started and must stop again."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if os.name == "posix":  # as asyncio's create_server does; a live listener still wins
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def slack_api_url() -> str:

@@ -12,6 +12,7 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine import events as ev
@@ -47,24 +48,38 @@ class _Line:
     text: str
 
 
-class Digest:
-    """The lines a future summary may need, collected as events are projected."""
+Said = Callable[[ev.UserMessage | ev.ClarificationAnswered], str]
 
-    def __init__(self) -> None:
+
+def _verbatim(e: ev.UserMessage | ev.ClarificationAnswered) -> str:
+    return e.text
+
+
+class Digest:
+    """The lines a future summary may need, collected as events are projected.
+
+    ``said`` renders a person's words as the prompt shows them (chat markup decoded).
+    """
+
+    def __init__(self, said: Said = _verbatim) -> None:
+        self.said = said
         self.task: str | None = None
         self.previous: str | None = None
         self.lines: list[_Line] = []
 
     def add(self, e: ev.Event) -> None:
-        if e.type == "user_message" and self.task is None and self.previous is None:
-            self.task = one_line(f"[{e.actor}] {e.text}", 1000)  # type: ignore[attr-defined]
+        if isinstance(e, ev.UserMessage) and self.task is None and self.previous is None:
+            self.task = one_line(f"[{e.actor}] {self.said(e)}", 1000)
             return
         if e.type not in _SHOWN:
             return
         keep = e.type in _KEEP
         text = one_line(f"seq {e.seq} {e.actor} {e.type}: {summarize(e)}", STEP_WIDTH)
         if keep:
-            words = getattr(e, "text", None) or getattr(e, "reason", None) or summarize(e)
+            if isinstance(e, ev.UserMessage | ev.ClarificationAnswered):
+                words = self.said(e) or summarize(e)
+            else:
+                words = getattr(e, "reason", None) or summarize(e)
             text = one_line(f"seq {e.seq} {e.actor} {e.type}: {words}", HUMAN_WIDTH)
         self.lines.append(_Line(e.seq, keep, text))
 

@@ -186,12 +186,20 @@ def _present(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v.strip() for k, v in env.items() if k in ENVIRONMENT and v.strip()}
 
 
+def _is_number(value: object) -> bool:
+    try:
+        float(str(value))
+    except ValueError:
+        return False
+    return True
+
+
 def _one_line(exc: ValidationError) -> str:
     """``OPSLOOP_LEASE_SECONDS must be at least 1, not '0'``: the first problem, named."""
     error = exc.errors(include_url=False)[0]
     name = str(error["loc"][0]) if error["loc"] else "the settings"
     given, ctx, kind = error.get("input"), error.get("ctx") or {}, error["type"]
-    if kind.startswith("int_"):
+    if kind == "int_from_float" or (kind.startswith("int_") and _is_number(given)):
         message = f"must be a whole number, not {given!r}"
     elif kind.endswith("_parsing") or kind.endswith("_type"):
         message = f"must be a number, not {given!r}"

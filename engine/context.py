@@ -5,6 +5,10 @@ alternate, every ``tool_use`` is answered by its ``tool_result`` in the next use
 and what people said while a call was open follows that result. The same log and
 version give byte-identical prompts; ``Prompt.hash`` is what ``model_decision`` keeps.
 
+Versions: ``v1`` shows people's words as the log holds them; ``v2`` decodes the chat
+markup of words that came from Slack (``engine.chat_markup``). A replay projects a
+decision with the version it was made with, so old decisions still match.
+
 Pure: no I/O here.
 """
 
@@ -18,8 +22,11 @@ from typing import Any, Protocol
 
 from engine import compaction
 from engine import events as ev
+from engine.chat_markup import decoded
 
-PROJECTION_VERSION = "v1"
+PROJECTION_VERSION = "v2"
+VERBATIM_VERSIONS = frozenset({"v1"})  # before chat markup was decoded for the model
+KNOWN_VERSIONS = VERBATIM_VERSIONS | {PROJECTION_VERSION}
 MAX_RESULT_CHARS = 4000
 
 SYSTEM_PROMPT = (
@@ -60,6 +67,9 @@ class Prompt:
     # How many model decisions the thread holds before this one (not sent, not hashed):
     # a scripted model plays by it, since compaction hides older assistant turns.
     turn: int = -1
+    # What the tools part was built from (kept in ``model_decision`` for replays).
+    tool_names: tuple[str, ...] = ()
+    tools_hash: str = ""
 
     def body(self) -> dict[str, Any]:
         return {"system": self.system, "tools": self.tools, "messages": self.messages}
@@ -79,6 +89,21 @@ def tool_definitions(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
         }
     )
     return defs
+
+
+def tools_fingerprint(tools: Iterable[ToolSpec]) -> tuple[tuple[str, ...], str]:
+    """The offered tools' names and the sha256 of their definitions as the model sees
+    them (name, description, input schema): a replay compares both."""
+    defs = tool_definitions(tools)
+    names = tuple(d["name"] for d in defs[:-1])  # the control tool is always there
+    return names, hashlib.sha256(_canon(defs).encode()).hexdigest()
+
+
+def words(e: ev.UserMessage | ev.ClarificationAnswered, version: str = PROJECTION_VERSION) -> str:
+    """What a person wrote, as the model sees it in projection ``version``."""
+    if version in VERBATIM_VERSIONS:
+        return e.text
+    return decoded(e.text, e.source)
 
 
 class _Conversation:
@@ -131,10 +156,10 @@ def _json(value: Any, source: ev.Event) -> str:
     return text
 
 
-def _project_event(conv: _Conversation, e: ev.Event) -> None:
+def _project_event(conv: _Conversation, e: ev.Event, version: str) -> None:
     match e:
         case ev.UserMessage():
-            conv.say(f"[{e.actor}] {e.text}")
+            conv.say(f"[{e.actor}] {words(e, version)}")
         case ev.ModelDecision():
             blocks: list[dict[str, Any]] = []
             if e.text or e.tool_name is None:
@@ -167,7 +192,7 @@ def _project_event(conv: _Conversation, e: ev.Event) -> None:
         case ev.WaitTimedOut():
             conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
         case ev.ClarificationAnswered():
-            conv.answer(e.tool_call_id, f"[{e.actor}] {e.text}")
+            conv.answer(e.tool_call_id, f"[{e.actor}] {words(e, version)}")
         case ev.ThreadCancelled():
             conv.close_or_say(f"[system] {e.actor} cancelled this thread. {e.reason}".strip())
         case ev.ErrorRaised():
@@ -208,7 +233,9 @@ class Projector:
 
     def __init__(self, tools: Iterable[ToolSpec], version: str = PROJECTION_VERSION) -> None:
         self.version = version
-        defs = tool_definitions(tools)
+        specs = list(tools)
+        self.tool_names, self.tools_hash = tools_fingerprint(specs)
+        defs = tool_definitions(specs)
         self.tools = [*defs[:-1], _marked(defs[-1])]
         self.system = [_marked({"type": "text", "text": SYSTEM_PROMPT})]
         self._head = _canon([version, self.system, self.tools])
@@ -216,7 +243,7 @@ class Projector:
         self._settled: list[str] = []  # canonical JSON of messages that can no longer change
         self._boundaries: dict[int, int] = {}  # seq the model was asked after -> message index
         self._upto = 0  # what the latest compaction summarised
-        self.digest = compaction.Digest()
+        self.digest = compaction.Digest(lambda e: words(e, version))
 
     def resume(self, compacted: ev.ContextCompacted) -> Projector:
         """Start from a compaction; feed it the events after ``compacted.upto_seq`` next."""
@@ -237,7 +264,7 @@ class Projector:
                 self._compact(e)
                 conv = self._conv
                 continue
-            _project_event(conv, e)
+            _project_event(conv, e, self.version)
             self.digest.add(e)
         return self
 
@@ -306,6 +333,8 @@ class Projector:
             self.version,
             digest.hexdigest(),
             estimated_tokens=size // 4,
+            tool_names=self.tool_names,
+            tools_hash=self.tools_hash,
         )
 
 

@@ -63,6 +63,8 @@ class ClarificationAnswered(Event):
     type: Literal["clarification_answered"] = "clarification_answered"
     tool_call_id: str
     text: str
+    # As on ``user_message``: where the answer came from, opaque to the engine.
+    source: JsonDict = Field(default_factory=dict)
 
 
 class ThreadCancelled(Event):
@@ -95,6 +97,10 @@ class ModelDecision(Event):
     usage: Usage = Field(default_factory=Usage)
     prompt_hash: str = ""
     projection_version: str = ""
+    # What the prompt was built from, so a replay can say why it differs: the offered
+    # tools' names and the hash of their definitions (empty in logs from before).
+    tool_names: tuple[str, ...] = ()
+    tools_hash: str = ""
 
 
 class DecisionRejected(Event):

@@ -116,6 +116,7 @@ async def post_user_message(
                 actor=user,
                 tool_call_id=state.question.tool_call_id,
                 text=text,
+                source=source or {},
                 dedupe_key=dedupe_key,
             )
         return ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)

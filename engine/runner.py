@@ -222,7 +222,7 @@ class _Turn:
         except ModelError as exc:
             await self._model_failed(exc)
             return
-        await self._decide(decision, prompt.hash)
+        await self._decide(decision, prompt)
 
     async def _compact(self, prompt: Prompt) -> Prompt:
         """Store a summary of the older turns; the prompt from now on starts with it."""
@@ -252,7 +252,7 @@ class _Turn:
         else:
             await self._append([ev.ErrorRaised(message=str(exc), kind="model")])
 
-    async def _decide(self, decision: Decision, prompt_hash: str) -> None:
+    async def _decide(self, decision: Decision, prompt: Prompt) -> None:
         use = decision.tool_use
         record = ev.ModelDecision(
             actor="model",
@@ -263,8 +263,10 @@ class _Turn:
             stop_reason=decision.stop_reason,
             model=decision.model or self.r.model.name,
             usage=decision.usage,
-            prompt_hash=prompt_hash,
-            projection_version=PROJECTION_VERSION,
+            prompt_hash=prompt.hash,
+            projection_version=prompt.version,
+            tool_names=prompt.tool_names,
+            tools_hash=prompt.tools_hash,
         )
         verdict = classify(decision, self.r.tools)
         if use is not None and use.id in self.call_ids:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -158,17 +159,55 @@ def test_threads_human_table(seeded, tmp_path: Path) -> None:
     assert idle_row.split()[1:4] == [f"C1/{KEY.root_ts}", "idle", "3"]
 
 
-def test_threads_on_a_fresh_database_prints_nothing(tmp_path: Path) -> None:
-    db = tmp_path / "fresh.db"
-    proc = run_cli("threads", db=f"sqlite:///{db}", cwd=tmp_path)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
-    assert db.exists()
+async def _empty_database(url: str) -> None:
+    store = await Store.open(url)  # what `serve` leaves before the first message
+    await store.close()
 
 
-def test_threads_default_database_is_a_file_in_the_working_directory(tmp_path: Path) -> None:
-    proc = run_cli("threads", "--json", db=None, cwd=tmp_path)
-    assert (proc.returncode, proc.stdout) == (0, "")
-    assert (tmp_path / "opsloop.db").exists()
+def test_threads_on_a_database_without_threads_says_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    asyncio.run(_empty_database(url))
+    proc = run_cli("threads", db=url, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "no threads yet\n", "")
+    proc = run_cli("threads", "--status", "failed", db=url, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "no threads with status failed\n")
+    proc = run_cli("threads", "--json", db=url, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")  # JSON lines: none
+
+
+@pytest.mark.parametrize(
+    "args", [["threads"], ["threads", "--json"], ["trace", "thr_x"], ["replay", "thr_x", "--all"]]
+)
+def test_a_read_only_command_in_the_wrong_directory_creates_no_database(
+    tmp_path: Path, args: list[str]
+) -> None:
+    proc = run_cli(*args, db=None, cwd=tmp_path)
+    line = assert_one_line_error(proc)
+    assert line == "opsloop: no opsloop database at ./opsloop.db (set DATABASE_URL)"
+    assert list(tmp_path.iterdir()) == []  # no ./opsloop.db, no -wal, nothing
+    missing = tmp_path / "elsewhere" / "ops.db"
+    proc = run_cli(*args, db=f"sqlite:///{missing}", cwd=tmp_path)
+    assert assert_one_line_error(proc) == (
+        f"opsloop: no opsloop database at {missing} (set DATABASE_URL)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_an_opsloop_database_is_not_changed(tmp_path: Path) -> None:
+    other = tmp_path / "notes.db"
+    other.write_bytes(b"")
+    proc = run_cli("threads", db=f"sqlite:///{other}", cwd=tmp_path)
+    assert_one_line_error(proc, "no opsloop database at ", "notes.db", "(set DATABASE_URL)")
+    assert other.read_bytes() == b""  # not opened, so not written to
+
+    foreign = tmp_path / "foreign.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    proc = run_cli("trace", "thr_x", db=f"sqlite:///{foreign}", cwd=tmp_path)
+    assert_one_line_error(proc, "no opsloop database at ", "foreign.db")
+    with contextlib.closing(sqlite3.connect(foreign)) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert tables == {"notes"}  # no opsloop tables were created in it
 
 
 # --- trace --------------------------------------------------------------------------
@@ -481,14 +520,17 @@ def test_threads_and_trace_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     assert [r["seq"] for r in json_lines(proc.stdout)] == [1, 2, 3]
 
 
-def test_serve_on_a_busy_port_says_so_and_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["serve", "local"])
+def test_a_busy_port_says_to_set_port_in_one_line(tmp_path: Path, command: str) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         env = {**SECRETS, "OPSLOOP_HOST": "127.0.0.1", "PORT": str(port)}
-        proc = run_cli("serve", db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path, env=env)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.splitlines()[-1]
-    assert last.startswith(f"opsloop serve: cannot listen on 127.0.0.1:{port}")
+        proc = run_cli(command, db=f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path, env=env)
+    line = assert_one_line_error(proc)
+    assert line == (
+        f"opsloop {command}: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(set PORT to another port)"
+    )
+    assert not (tmp_path / "x.db").exists()  # refused before anything started

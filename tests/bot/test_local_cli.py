@@ -224,7 +224,8 @@ def test_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"opsloop local: cannot listen on 127.0.0.1:{port}: Address already in use"
+        f"opsloop local: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(set PORT to another port)"
     ]
     assert not (tmp_path / "local.db").exists()  # nothing started
 
@@ -242,7 +243,7 @@ def test_a_bad_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
         check=False,
     )
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.splitlines() == ["opsloop local: PORT must be a number, not 'web'"]
+    assert proc.stderr.splitlines() == ["opsloop: PORT must be a number, not 'web'"]
 
 
 # --- a whole story, across a crash ------------------------------------------------------------

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 
 from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.bot.test_cli import run_cli
-from tools import REGISTRY, load_tools
+from tools import REGISTRY, ToolContext, ToolRegistry, load_tools, tool
 
 KEY = ThreadKey("T1", "C9", "1700000000.000900")
 
@@ -37,7 +38,7 @@ async def test_replay_prints_the_request_and_confirms_every_hash(sqlite_url, tmp
     assert shown.returncode == 0, shown.stderr
     assert "how do deploys work?" in shown.stdout
     assert "search_docs" in shown.stdout
-    assert ": ok (projection v1" in shown.stdout.splitlines()[-1]
+    assert ": ok (projection v2" in shown.stdout.splitlines()[-1]
 
     every = run_cli("replay", ref, "--all", db=sqlite_url, cwd=tmp_path)
     assert every.returncode == 0
@@ -74,3 +75,48 @@ async def test_replay_of_an_unknown_decision_is_one_line_and_exit_2(sqlite_url, 
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert "no model decision at seq 1" in done.stderr
+
+
+async def seed_with(db: str, tools: ToolRegistry, text: str = "deploy api please") -> str:
+    store = await Store.open(db)
+    try:
+        posted = await post_user_message(store, KEY, text=text, user="U1", dedupe_key="e1")
+        model = ScriptedModel([call("search_docs", query="deploy"), say("Done.")])
+        await Runner(store, model, tools).run(posted.thread_id)
+        return posted.thread_id
+    finally:
+        await store.close()
+
+
+async def test_a_local_mode_thread_replays_with_the_tools_local_mode_loads(sqlite_url, tmp_path):
+    local = ToolRegistry()
+    load_tools("tools.builtin,tools.demo", local)  # what `opsloop local` loads
+    assert {"deploy", "run_job"} <= set(local.names())
+    thread_id = await seed_with(sqlite_url, local)
+    every = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)  # no OPSLOOP_TOOLS
+    assert every.returncode == 0, every.stdout + every.stderr
+    assert [line.split(":")[1].strip()[:2] for line in every.stdout.splitlines()] == ["ok"] * 2
+
+
+class Page(BaseModel):
+    who: str
+
+
+async def test_a_mismatch_names_the_tools_that_differ(sqlite_url, tmp_path):
+    elsewhere = ToolRegistry()
+    load_tools(None, elsewhere)
+
+    @tool(registry=elsewhere)
+    async def page_oncall(args: Page, ctx: ToolContext) -> dict:
+        """Page whoever is on call."""
+        return {}
+
+    thread_id = await seed_with(sqlite_url, elsewhere)
+    every = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)
+    assert every.returncode == 1
+    lines = every.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert "MISMATCH" in line
+        assert "the tools differ: this process has " in line
+        assert "missing here: page_oncall" in line

@@ -4,11 +4,13 @@ signed HTTP requests in, the fake Slack Web API and the fake Messages API out.""
 from __future__ import annotations
 
 import asyncio
+import socket
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot.blocks import APPROVE_ACTION
-from bot.runtime import web_app
+from bot.runtime import bind, web_app
 from tests.fakes.slack import (
     BOT_USER_ID,
     FakeSlack,
@@ -119,3 +121,16 @@ async def test_the_card_shows_the_approval_before_the_tool_and_the_answer(runtim
         posts = slack.calls_to("chat.postMessage")
         assert not any("Filed." in str(c.params.get("text")) for c in posts)  # not yet
         await _wait_posted(slack, "Filed.")
+
+
+def test_bind_listens_before_anything_starts_and_refuses_a_taken_port() -> None:
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        assert port > 0 and not sock.getblocking()
+        with pytest.raises(OSError):
+            bind("127.0.0.1", port).close()
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # it is listening
+    finally:
+        sock.close()

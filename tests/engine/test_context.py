@@ -366,3 +366,72 @@ def test_every_prompt_the_model_would_get_is_a_request_the_api_accepts(log: list
     body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
     assert check_request(body) == []
     assert project(log, SPECS).hash == prompt.hash  # and twice the same bytes
+
+
+# --- what people wrote, as they saw it (chat markup) -----------------------------------
+
+SLACK = {"kind": "slack", "channel": "C0OPS", "ts": "1.0", "names": {"U0BOB": "bob"}}
+SENT = "ask <@U0BOB> in <#C0OPS|ops>: is <https://x.example/a?b=1&amp;c=2|the runbook> &lt;ok&gt;?"
+SHOWN = "ask @bob in #ops: is the runbook (https://x.example/a?b=1&c=2) <ok>?"
+
+
+def first_text(prompt: Any) -> str:
+    return prompt.messages[0]["content"][0]["text"]
+
+
+def test_slack_markup_is_decoded_for_the_model_and_kept_in_the_log() -> None:
+    message = user(SENT, source=SLACK)
+    prompt = project(stamp([message]), SPECS)
+    assert first_text(prompt) == f"[{REQUESTER}] {SHOWN}"
+    assert message.text == SENT  # the log keeps what Slack sent
+    assert "<@U0ALICE> &amp;" in first_text(
+        project(stamp([user("<@U0ALICE> &amp;")]), SPECS)
+    )  # no source: not known to be Slack's markup, shown as written
+
+
+def test_a_mention_without_a_name_shows_the_id() -> None:
+    prompt = project(stamp([user("ping <@U0CAROL> <!here>", source={"kind": "slack"})]), SPECS)
+    assert first_text(prompt) == f"[{REQUESTER}] ping @U0CAROL @here"
+
+
+def test_a_clarification_answer_from_slack_is_decoded() -> None:
+    log = stamp(
+        [
+            user("deploy", source=SLACK),
+            *clarification_asked("toolu_1", "Which env?"),
+            ev.ClarificationAnswered(
+                actor=REQUESTER, tool_call_id="toolu_1", text="ask <@U0BOB> &amp; go", source=SLACK
+            ),
+        ]
+    )
+    reply = project(log, SPECS).messages[-1]["content"][0]
+    assert reply == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": f"[{REQUESTER}] ask @bob & go",
+    }
+
+
+def test_projection_v1_keeps_the_words_verbatim_for_replays() -> None:
+    log = stamp([user(SENT, source=SLACK)])
+    assert PROJECTION_VERSION != "v1"
+    old = project(log, SPECS, version="v1")
+    assert first_text(old) == f"[{REQUESTER}] {SENT}"
+    assert old.hash != project(log, SPECS).hash
+
+
+def test_a_compaction_summary_shows_decoded_words() -> None:
+    projector = Projector(SPECS).feed(stamp([user(SENT, source=SLACK), *answered("ok")]))
+    summary = projector.digest.summary(2)
+    assert SHOWN in summary and SENT not in summary
+
+
+def test_the_prompt_carries_the_tools_fingerprint() -> None:
+    prompt = project(stamp([user()]), SPECS)
+    assert prompt.tool_names == ("build", "deploy", "lookup")
+    assert len(prompt.tools_hash) == 64
+    assert project(stamp([user("other words")]), SPECS[::-1]).tools_hash == prompt.tools_hash
+    fewer = project(stamp([user()]), SPECS[:2])
+    assert fewer.tool_names == ("build", "deploy") and fewer.tools_hash != prompt.tools_hash
+    described = [Spec(s.name, s.description + "!", s.policy, s.schema) for s in SPECS]
+    assert project(stamp([user()]), described).tools_hash != prompt.tools_hash

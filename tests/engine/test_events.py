@@ -182,3 +182,31 @@ def test_model_copy_stamps_without_touching_the_draft() -> None:
 def test_input_types_are_event_types() -> None:
     assert ev.INPUT_TYPES <= set(ev.EVENT_TYPES)
     assert "user_message" in ev.INPUT_TYPES and "tool_result" not in ev.INPUT_TYPES
+
+
+def test_logs_from_before_tool_fingerprints_and_answer_sources_still_load() -> None:
+    old_decision = {
+        "type": "model_decision",
+        "thread_id": "thr_1",
+        "seq": 2,
+        "event_id": "evt_2",
+        "created_at": T0.isoformat(),
+        "actor": "model",
+        "text": "hi",
+        "prompt_hash": "ab" * 32,
+        "projection_version": "v1",
+    }
+    decision = ev.parse_event(old_decision)
+    assert isinstance(decision, ev.ModelDecision)
+    assert (decision.tool_names, decision.tools_hash) == ((), "")
+    answer = ev.parse_event(
+        {"type": "clarification_answered", "actor": "U1", "tool_call_id": "t", "text": "eu"}
+    )
+    assert isinstance(answer, ev.ClarificationAnswered) and answer.source == {}
+
+
+def test_a_decision_keeps_what_its_prompt_was_built_from() -> None:
+    decision = ev.ModelDecision(tool_names=("deploy", "lookup"), tools_hash="cd" * 32)
+    back = ev.parse_event(decision.model_dump(mode="json"))
+    assert isinstance(back, ev.ModelDecision)
+    assert back.tool_names == ("deploy", "lookup") and back.tools_hash == "cd" * 32

@@ -119,9 +119,13 @@ async def test_concurrent_redeliveries_store_one_message(store: Store, db_url: s
 async def test_a_reply_while_awaiting_reply_answers_the_question(store: Store) -> None:
     tid = await started_thread(store)
     await store.append(tid, 1, clarification_asked("toolu_4", "Which region?"))
-    reply = await post_user_message(store, key("1.0"), text="eu-west", user=REQ, dedupe_key="Ev02")
+    source = {"kind": "slack", "names": {"U0CAROL": "carol"}}
+    reply = await post_user_message(
+        store, key("1.0"), text="eu-west", user=REQ, dedupe_key="Ev02", source=source
+    )
     assert isinstance(reply.event, ev.ClarificationAnswered)
     assert (reply.event.tool_call_id, reply.event.text) == ("toolu_4", "eu-west")
+    assert reply.event.source == source  # the projection decodes an answer like a message
     state = await store.load(tid)
     assert (state.status, state.question) == ("running", None)
     # Now nothing is asked: a direct answer is refused, a message is a message.

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from engine.context import tools_fingerprint
 from engine.inputs import decide_approval, finish_wait, post_user_message
 from engine.models.scripted import ask, call, say
 from engine.policy import ApproverPolicy
@@ -313,3 +314,13 @@ async def test_a_runner_that_lost_its_lease_starts_nothing_new(db_url):
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_decision_records_the_tools_its_prompt_was_built_from(store):
+    tools = make_tools(Counter())
+    tid = await start(store, "what is <@U0BOB> doing?")
+    await Runner(store, RecordingModel([say("no idea")]), tools).run(tid)
+    (decision,) = [e for e in await store.select_events(tid) if e.type == "model_decision"]
+    assert (decision.tool_names, decision.tools_hash) == tools_fingerprint(tools.all())
+    assert decision.tool_names == tuple(tools.names())
+    assert decision.projection_version == "v2"
