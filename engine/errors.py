@@ -1,4 +1,8 @@
-"""Errors the engine raises; every one is an ``EngineError``.
+"""Errors the engine raises on purpose, rooted at ``EngineError``.
+
+A model call's failure is the other tree: ``engine.models.base.ModelError`` (retryable
+or not) belongs to the model port, which the runner turns into events; it is not an
+``EngineError`` because it describes the model service, not the engine.
 
 EngineError
 ├── InvalidEvent          an event (new, or read back from the store) fails its schema
