@@ -7,13 +7,18 @@ here for callers that already name them from this package.
 """
 
 from engine.store.base import (
+    BACKENDS,
     SNAPSHOT_EVERY,
     TIMED_STATUSES,
     Store,
     new_thread_id,
     open_store,
 )
+from engine.store.postgres import PostgresStore
+from engine.store.sqlite import SqliteStore
 from engine.types import Appended, ThreadInfo, ThreadKey
+
+BACKENDS.update({"postgresql": PostgresStore, "sqlite": SqliteStore})
 
 __all__ = [
     "SNAPSHOT_EVERY",

@@ -421,14 +421,16 @@ class Store(abc.ABC):
         return await self._due(now or utcnow(), limit)
 
 
+# Dialect -> backend class, filled by the package (engine/store/__init__.py) as it
+# imports each backend, so the port never imports its implementations.
+BACKENDS: dict[str, type[Store]] = {}
+
+
 def _backend(dialect: str) -> type[Store]:
-    if dialect == "postgresql":
-        from engine.store.postgres import PostgresStore
-
-        return PostgresStore
-    from engine.store.sqlite import SqliteStore
-
-    return SqliteStore
+    try:
+        return BACKENDS[dialect]
+    except KeyError:
+        raise ValueError(f"no store backend for {dialect!r}") from None  # a bug: URLs are parsed
 
 
 async def open_store(url: str, *, create: bool = True, pool_size: int = 10) -> Store:
