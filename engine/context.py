@@ -139,10 +139,11 @@ class _Conversation:
         self.add("user", [result, *self.parked])
         self.parked = []
 
-    def close_or_say(self, note: str) -> None:
-        """A note that ends the open tool_use if there is one, else plain words."""
+    def close_or_say(self, result: str, note: str) -> None:
+        """``result`` ends the open tool_use if there is one; else ``note`` is said (it
+        keeps the ``[system]`` speaker, so nobody reads it as a person's request)."""
         if self.open_call is not None:
-            self.answer(self.open_call, note, error=True)
+            self.answer(self.open_call, result, error=True)
         else:
             self.say(note)
 
@@ -177,6 +178,17 @@ def _project_event(conv: _Conversation, e: ev.Event, version: str) -> None:
             conv.add("assistant", blocks)
         case ev.DecisionRejected():
             conv.answer(e.tool_call_id, f"Rejected by validation: {e.reason}", error=True)
+        case ev.ToolCallRequested(policy="reject"):
+            conv.answer(e.tool_call_id, f"Not run: the policy refused it: {e.reason}", error=True)
+        case ev.ReconcileDecided():
+            # Until a person said what became of it, the call stays open (nothing shown).
+            if e.decision == "happened":
+                note = e.note or "a person confirmed it happened"
+                conv.answer(e.tool_call_id, f"<@{e.reviewer}> says it happened: {note}")
+            elif e.decision == "abandon":
+                why = f": {e.note}" if e.note else ""
+                text = f"Not run: <@{e.reviewer}> says it did not happen{why}"
+                conv.answer(e.tool_call_id, text, error=True)
         case ev.ApprovalRejected():
             why = f": {e.reason}" if e.reason else " (no reason given)"
             conv.answer(e.tool_call_id, f"Reviewer {e.actor} rejected this call{why}", error=True)
@@ -194,9 +206,13 @@ def _project_event(conv: _Conversation, e: ev.Event, version: str) -> None:
         case ev.ClarificationAnswered():
             conv.answer(e.tool_call_id, f"[{e.actor}] {words(e, version)}")
         case ev.ThreadCancelled():
-            conv.close_or_say(f"[system] {e.actor} cancelled this thread. {e.reason}".strip())
+            why = f": {e.reason}" if e.reason else "."
+            conv.close_or_say(
+                f"Not run: <@{e.actor}> cancelled this thread{why}",
+                f"[system] {e.actor} cancelled this thread. {e.reason}".strip(),
+            )
         case ev.ErrorRaised():
-            conv.close_or_say(f"[system] error: {e.message}")
+            conv.close_or_say(f"opsloop error: {e.message}", f"[system] error: {e.message}")
         case _:
             pass  # approvals asked, posts, refusals, retries: not the model's business
 

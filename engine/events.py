@@ -22,6 +22,12 @@ from engine.errors import InvalidEvent
 Actor = str  # a Slack user id (U…/W…), "model", "tool" or "system"
 JsonDict = dict[str, Any]
 Policy = Literal["run_now", "approve_before_run", "wait_for_external_event"]
+# What the policy decided for one call: a tool's policy, or "reject" (a rule refused it).
+CallPolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
+ReconcileDecision = Literal["happened", "retry", "abandon"]
+ApprovalDecision = Literal["approve", "reject"]
+# What a person may try to decide, each checked by one function (engine.inputs.may_decide).
+RefusedDecision = Literal["approve", "reject", "happened", "retry", "abandon", "cancel"]
 
 CLARIFICATION_TOOL = "request_clarification"
 
@@ -124,12 +130,32 @@ class ClarificationRequested(Event):
 
 
 class ToolCallRequested(Event):
+    """The model asked for a call and the policy decided what it needs.
+
+    ``policy`` "reject" (a rule refused the call, with ``reason``) closes the call at
+    once: the model reads the reason as the call's error result. ``rule`` is the index
+    of the ``opsloop.yaml`` rule that decided (None: none matched), ``policy_hash`` the
+    file's hash (None: no file). ``approvers`` / ``quorum`` / ``allow_self`` are the
+    reviewer rule for its approval and for a reconcile (None: the process's approvers,
+    as logs from before record). ``definition_hash`` pins the tool definition the call
+    (and its approval) was made for. ``idempotent``: a call interrupted after it
+    started may simply run again; otherwise a person says whether it happened.
+    """
+
     type: Literal["tool_call_requested"] = "tool_call_requested"
     tool_call_id: str
     intent: str
     arguments: JsonDict
-    policy: Policy
+    policy: CallPolicy
     idempotency_key: str
+    reason: str = ""
+    rule: int | None = None
+    policy_hash: str | None = None
+    definition_hash: str | None = None
+    idempotent: bool = True
+    approvers: tuple[str, ...] | None = None
+    quorum: int = Field(default=1, ge=1)
+    allow_self: bool | None = None
 
 
 class ApprovalRequested(Event):
@@ -141,6 +167,9 @@ class ApprovalRequested(Event):
 
 
 class ApprovalGranted(Event):
+    """One reviewer's vote; with a quorum, the call runs once enough distinct people
+    have voted (the actor is the reviewer)."""
+
     type: Literal["approval_granted"] = "approval_granted"
     tool_call_id: str
 
@@ -152,11 +181,13 @@ class ApprovalRejected(Event):
 
 
 class ApprovalRefused(Event):
-    """An attempt to decide that was not allowed; kept for the audit, changes nothing."""
+    """An attempt to decide that was not allowed; kept for the audit, changes nothing.
+    ``decision`` is what was attempted: an approval vote, a reconcile or a cancel (which
+    names no call)."""
 
     type: Literal["approval_refused"] = "approval_refused"
-    tool_call_id: str
-    decision: Literal["approve", "reject"]
+    tool_call_id: str | None = None
+    decision: RefusedDecision
     reason: str
 
 
@@ -180,6 +211,30 @@ class ToolResult(Event):
     ok: bool
     output: Any = None
     error: str | None = None
+
+
+class ToolOutcomeUnknown(Event):
+    """A non-idempotent call was interrupted between ``tool_started`` and its result
+    (a crash, a connection lost after the request went out): whether its effect
+    happened is unknown, so nothing runs again until a person says."""
+
+    type: Literal["tool_outcome_unknown"] = "tool_outcome_unknown"
+    tool_call_id: str
+    attempt: int = Field(ge=1)
+    started_at: AwareDatetime | None = None  # when the interrupted attempt started
+    error: str = ""  # what was observed, if anything (e.g. "connection lost")
+
+
+class ReconcileDecided(Event):
+    """A person said what became of a call whose outcome was unknown: ``happened``
+    (``note`` is the result the model reads), ``retry`` (run it again, next attempt)
+    or ``abandon`` (it did not happen: an error result)."""
+
+    type: Literal["reconcile_decided"] = "reconcile_decided"
+    tool_call_id: str
+    decision: ReconcileDecision
+    reviewer: str
+    note: str = ""
 
 
 class RetryScheduled(Event):
@@ -268,6 +323,8 @@ AnyEvent = Annotated[
     | ApprovalExpired
     | ToolStarted
     | ToolResult
+    | ToolOutcomeUnknown
+    | ReconcileDecided
     | RetryScheduled
     | WaitStarted
     | WaitFinished
@@ -293,6 +350,7 @@ INPUT_TYPES = frozenset(
         "approval_granted",
         "approval_rejected",
         "approval_refused",
+        "reconcile_decided",
         "wait_finished",
     }
 )

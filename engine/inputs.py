@@ -4,9 +4,9 @@ Each one appends one input event (deduplicated by its delivery key) in one short
 transaction and returns at once; the caller then kicks the runner. None of them calls
 the model or a tool. Concurrent inputs meet ``ConcurrencyConflict`` and re-read.
 
-Whether a person may decide a card is asked in one place, :func:`why_refused`: every
-click (approve, the reject button before its modal, the modal's submission) goes
-through it, and so does the decision itself.
+Whether a person may decide something is asked in one place, :func:`may_decide`: every
+click (approve, the reject button before its modal, the modal's submission, the
+reconcile buttons, cancel) goes through it, and so does the decision itself.
 """
 
 from __future__ import annotations
@@ -14,17 +14,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from engine import events as ev
 from engine.errors import ConcurrencyConflict, ThreadNotFound
 from engine.events import utcnow
 from engine.policy import ApproverPolicy
-from engine.state import ThreadState
+from engine.state import PendingCall, ThreadState
 from engine.store import Store, ThreadKey
 
 T = TypeVar("T")
 _ATTEMPTS = 50
+
+# Which of these S… user groups is the user in; may raise (the front door maps its
+# lookup error to "try again").
+GroupResolver = Callable[[frozenset[str]], Awaitable[frozenset[str]]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class Decider:
     user: str
     groups: frozenset[str] = frozenset()
     org: Org | None = None
+    # Called with a call's approver groups when ``groups`` may not cover them (a rule's
+    # own approvers); None: ``groups`` is all there is.
+    resolve: GroupResolver | None = None
 
 
 @dataclass(frozen=True)
@@ -145,53 +152,140 @@ async def answer_clarification(
     return await _retrying(once)
 
 
+def reviewer_rule(call: PendingCall | None, policy: ApproverPolicy) -> ApproverPolicy:
+    """Who may decide ``call`` (its approval votes and its reconcile): the approvers
+    recorded on its ``tool_call_requested``, or ``policy`` (the process's) for a call
+    from before they were recorded. ``oncall:<id>`` entries match nobody yet."""
+    if call is None or call.approvers is None:
+        return policy
+    allow_self = policy.allow_self if call.allow_self is None else call.allow_self
+    return ApproverPolicy(frozenset(call.approvers), allow_self)
+
+
+async def _groups_for(decider: Decider, rule: ApproverPolicy) -> frozenset[str]:
+    """The decider's groups among ``rule``'s, resolved only when that can matter."""
+    if not rule.groups or decider.user in rule.approvers or decider.groups & rule.groups:
+        return decider.groups
+    if decider.resolve is None:
+        return decider.groups
+    return decider.groups | await decider.resolve(rule.groups)
+
+
+async def may_decide(
+    store: Store,
+    state: ThreadState,
+    decider: Decider,
+    decision: ev.RefusedDecision,
+    policy: ApproverPolicy,
+    *,
+    tool_call_id: str | None = None,
+    arguments_hash: str | None = None,
+    now: datetime | None = None,
+) -> str | None:
+    """May ``decider`` make ``decision`` now? None if so; else why not, in a sentence.
+
+    The one answer for approval votes (approve, reject), reconciles (happened, retry,
+    abandon) and cancel. In order: the call must await this decision (with these
+    arguments, not expired), the decider must act from the thread's organisation, and
+    the call's reviewer rule (:func:`reviewer_rule`) must allow them. Cancel is open to
+    the requester and to the process's approvers.
+    """
+    now = now or utcnow()
+    if decision == "cancel":
+        if state.status in ("new", "cancelled"):
+            return f"the thread is {state.status}"
+        if (why := await why_not_same_org(store, state.thread_id, decider.org)) is not None:
+            return why
+        groups = await _groups_for(decider, policy)
+        if decider.user == state.requester or policy.is_approver(decider.user, groups):
+            return None
+        return "only the requester or an approver can cancel"
+    assert tool_call_id is not None, "an approval or a reconcile names its call"
+    if decision in ("approve", "reject"):
+        why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
+    else:
+        why = await why_not_reconcilable(store, state, tool_call_id)
+    if why is None:
+        why = await why_not_same_org(store, state.thread_id, decider.org)
+    if why is not None:
+        return why
+    call = state.pending
+    rule = reviewer_rule(call, policy)
+    if decision == "approve" and call is not None and decider.user in call.votes:
+        return "you already approved this call; it needs another person"
+    # A reconcile is held to the approval's rule: the requester only with allow_self.
+    verdict: ev.ApprovalDecision = "reject" if decision == "reject" else "approve"
+    why = rule.check(verdict, decider.user, state.requester, await _groups_for(decider, rule))
+    if why is not None and any(a.startswith("oncall:") for a in rule.approvers):
+        why += " (on-call schedules are not looked up yet)"
+    return why
+
+
 async def decide_approval(
     store: Store,
     thread_id: str,
     *,
     tool_call_id: str,
-    reviewer: str,
-    decision: Literal["approve", "reject"],
+    reviewer: str = "",
+    decision: ev.ApprovalDecision,
     policy: ApproverPolicy,
     reason: str = "",
     arguments_hash: str | None = None,
     reviewer_groups: Iterable[str] = (),
     org: Org | None = None,
+    decider: Decider | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Accepted | Refused:
-    """Approve or reject the pending call ``tool_call_id``.
+    """Vote on (approve) or reject the pending call ``tool_call_id``.
 
-    Refused (with an ``approval_refused`` event for the audit) when :func:`why_refused`
-    says so. A redelivered click (same ``dedupe_key``) is a no-op.
+    ``decider`` (with its group resolver) replaces ``reviewer`` / ``reviewer_groups`` /
+    ``org``. Each approval is one vote; the call runs once its quorum is met. Refused
+    (with an ``approval_refused`` event for the audit) when :func:`may_decide` says so.
+    A redelivered click (same ``dedupe_key``) is a no-op.
     """
-    decider = Decider(reviewer, frozenset(reviewer_groups), org)
+    who = decider or Decider(reviewer, frozenset(reviewer_groups), org)
 
     async def once() -> Accepted | Refused:
-        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
-            if seen.type == "approval_refused":
-                return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
-            return Accepted(thread_id, seen, deduplicated=True)
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen
         state = await store.load(thread_id)
-        why = await why_refused(
-            store, state, decider, decision, policy, tool_call_id, arguments_hash, now or utcnow()
+        why = await may_decide(
+            store,
+            state,
+            who,
+            decision,
+            policy,
+            tool_call_id=tool_call_id,
+            arguments_hash=arguments_hash,
+            now=now,
         )
         if why is not None:
             return await _refuse(
-                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
+                store, thread_id, state, who, decision, tool_call_id, why, dedupe_key
             )
         event: ev.Event
         if decision == "approve":
             event = ev.ApprovalGranted(
-                actor=reviewer, tool_call_id=tool_call_id, dedupe_key=dedupe_key
+                actor=who.user, tool_call_id=tool_call_id, dedupe_key=dedupe_key
             )
         else:
             event = ev.ApprovalRejected(
-                actor=reviewer, tool_call_id=tool_call_id, reason=reason, dedupe_key=dedupe_key
+                actor=who.user, tool_call_id=tool_call_id, reason=reason, dedupe_key=dedupe_key
             )
         return await _append_one(store, thread_id, state, event)
 
     return await _retrying(once)
+
+
+async def _seen(store: Store, thread_id: str, dedupe_key: str) -> Accepted | Refused | None:
+    """What a redelivered input already did, if it was seen."""
+    seen = await store.find_by_dedupe_key(thread_id, dedupe_key)
+    if seen is None:
+        return None
+    if seen.type == "approval_refused":
+        return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
+    return Accepted(thread_id, seen, deduplicated=True)
 
 
 async def check_decision(
@@ -200,7 +294,7 @@ async def check_decision(
     *,
     tool_call_id: str,
     decider: Decider,
-    decision: Literal["approve", "reject"],
+    decision: ev.ApprovalDecision,
     policy: ApproverPolicy,
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
@@ -214,14 +308,21 @@ async def check_decision(
             if seen.type == "approval_refused":
                 return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
         state = await store.load(thread_id)
-        why = await why_refused(
-            store, state, decider, decision, policy, tool_call_id, arguments_hash, now or utcnow()
+        why = await may_decide(
+            store,
+            state,
+            decider,
+            decision,
+            policy,
+            tool_call_id=tool_call_id,
+            arguments_hash=arguments_hash,
+            now=now,
         )
         if why is not None:
             return await _refuse(
                 store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
             )
-        assert state.pending is not None  # why_refused checked it is this call
+        assert state.pending is not None  # may_decide checked it is this call
         return Decidable(thread_id, tool_call_id, state.pending.intent)
 
     return await _retrying(once)
@@ -231,23 +332,104 @@ async def why_refused(
     store: Store,
     state: ThreadState,
     decider: Decider,
-    decision: Literal["approve", "reject"],
+    decision: ev.ApprovalDecision,
     policy: ApproverPolicy,
     tool_call_id: str,
     arguments_hash: str | None,
     now: datetime,
 ) -> str | None:
-    """May ``decider`` make ``decision`` on this card now? None if so; else why not.
+    """:func:`may_decide` for an approval card (kept for its callers)."""
+    return await may_decide(
+        store,
+        state,
+        decider,
+        decision,
+        policy,
+        tool_call_id=tool_call_id,
+        arguments_hash=arguments_hash,
+        now=now,
+    )
 
-    In order: the card must be the pending call (with these arguments, not expired),
-    the decider must act from the thread's organisation, and ``policy`` must allow them.
-    """
-    why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
-    if why is None:
-        why = await why_not_same_org(store, state.thread_id, decider.org)
-    if why is None:
-        why = policy.check(decision, decider.user, state.requester, decider.groups)
-    return why
+
+async def decide_reconcile(
+    store: Store,
+    thread_id: str,
+    *,
+    tool_call_id: str,
+    decider: Decider,
+    decision: ev.ReconcileDecision,
+    note: str = "",
+    policy: ApproverPolicy,
+    dedupe_key: str | None = None,
+    now: datetime | None = None,
+) -> Accepted | Refused:
+    """Say what became of the call whose outcome is unknown: ``happened`` (``note`` is
+    the result the model reads), ``retry`` or ``abandon``. Decided by the call's
+    reviewer rule; a refusal is recorded as ``approval_refused`` with the decision."""
+
+    async def once() -> Accepted | Refused:
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen
+        state = await store.load(thread_id)
+        why = await may_decide(
+            store, state, decider, decision, policy, tool_call_id=tool_call_id, now=now
+        )
+        if why is not None:
+            return await _refuse(
+                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
+            )
+        event = ev.ReconcileDecided(
+            actor=decider.user,
+            tool_call_id=tool_call_id,
+            decision=decision,
+            reviewer=decider.user,
+            note=note.strip(),
+            dedupe_key=dedupe_key,
+        )
+        return await _append_one(store, thread_id, state, event)
+
+    return await _retrying(once)
+
+
+async def check_reconcile(
+    store: Store,
+    thread_id: str,
+    *,
+    tool_call_id: str,
+    decider: Decider,
+    policy: ApproverPolicy,
+    now: datetime | None = None,
+) -> str | None:
+    """None if ``decider`` may reconcile the call now (asked before opening the note
+    modal; stores nothing); else why not, in a sentence. The three decisions share one
+    rule, so one answer covers them."""
+    state = await store.load(thread_id)
+    return await may_decide(
+        store, state, decider, "happened", policy, tool_call_id=tool_call_id, now=now
+    )
+
+
+async def why_not_reconcilable(store: Store, state: ThreadState, tool_call_id: str) -> str | None:
+    """None if ``tool_call_id``'s outcome is unknown and awaits a person; else why not."""
+    call = state.pending
+    if (
+        state.status == "awaiting_reconcile"
+        and call is not None
+        and call.tool_call_id == tool_call_id
+        and call.phase == "unknown"
+    ):
+        return None
+    unknown = False
+    for e in await store.select_events(state.thread_id):
+        if e.type == "tool_outcome_unknown" and e.tool_call_id == tool_call_id:
+            unknown = True
+        elif unknown and e.type == "reconcile_decided" and e.tool_call_id == tool_call_id:
+            return f"already decided ({e.decision}) by {e.actor} at {_hhmm(e.created_at)} UTC"
+        elif unknown and e.type in ("thread_cancelled", "error"):
+            return f"the thread {'was cancelled' if e.type == 'thread_cancelled' else 'failed'}"
+    if unknown:
+        return "that call is no longer in question"
+    return "there is no such call whose outcome is unknown"
 
 
 async def why_not_same_org(store: Store, thread_id: str, org: Org | None) -> str | None:
@@ -271,8 +453,8 @@ async def _refuse(
     thread_id: str,
     state: ThreadState,
     decider: Decider,
-    decision: Literal["approve", "reject"],
-    tool_call_id: str,
+    decision: ev.RefusedDecision,
+    tool_call_id: str | None,
     why: str,
     dedupe_key: str | None,
 ) -> Refused:
@@ -306,22 +488,26 @@ async def why_not_decidable(
 async def describe_closed_call(store: Store, thread_id: str, tool_call_id: str) -> str:
     """Why a call can no longer be decided, e.g. "already approved by U123 at 12:03"."""
     verdicts = {
-        "approval_granted": "already approved",
         "approval_rejected": "already rejected",
         "approval_expired": "the approval expired",
         "thread_cancelled": "the thread was cancelled",
     }
     requested = False
+    granted: ev.AnyEvent | None = None  # the vote that met the quorum: the latest one
     for e in await store.select_events(thread_id):
         if getattr(e, "tool_call_id", None) == tool_call_id and e.type == "approval_requested":
             requested = True
-        if (
-            requested
-            and e.type in verdicts
-            and getattr(e, "tool_call_id", tool_call_id) == tool_call_id
-        ):
-            who = f" by {e.actor}" if e.type in ("approval_granted", "approval_rejected") else ""
+        if not requested or getattr(e, "tool_call_id", tool_call_id) != tool_call_id:
+            continue
+        if e.type == "approval_granted":
+            granted = e
+        elif e.type == "tool_started" and granted is not None:
+            break
+        elif e.type in verdicts:
+            who = f" by {e.actor}" if e.type == "approval_rejected" else ""
             return f"{verdicts[e.type]}{who} at {_hhmm(e.created_at)} UTC"
+    if granted is not None:
+        return f"already approved by {granted.actor} at {_hhmm(granted.created_at)} UTC"
     if requested:
         return "that call is no longer pending"
     return "there is no such call awaiting approval"
@@ -383,23 +569,20 @@ async def cancel(
     reason: str = "",
     user_groups: Iterable[str] = (),
     org: Org | None = None,
+    decider: Decider | None = None,
     dedupe_key: str | None = None,
 ) -> Accepted | Refused:
     """Stop the thread: allowed to its requester and to approvers, from the thread's
-    organisation (a refusal here records nothing: ``approval_refused`` names a call)."""
+    organisation (:func:`may_decide`; a refusal here records nothing)."""
+    who = decider or Decider(by, frozenset(user_groups), org)
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
             return Accepted(thread_id, seen, deduplicated=True)  # a redelivered click
         state = await store.load(thread_id)
-        if state.status in ("new", "cancelled"):
-            return Refused(thread_id, f"the thread is {state.status}")
-        if (why := await why_not_same_org(store, thread_id, org)) is not None:
+        if (why := await may_decide(store, state, who, "cancel", policy)) is not None:
             return Refused(thread_id, why)
-        allowed = by == state.requester or policy.is_approver(by, user_groups)
-        if not allowed:
-            return Refused(thread_id, "only the requester or an approver can cancel")
-        event = ev.ThreadCancelled(actor=by, reason=reason, dedupe_key=dedupe_key)
+        event = ev.ThreadCancelled(actor=who.user, reason=reason, dedupe_key=dedupe_key)
         return await _append_one(store, thread_id, state, event)
 
     return await _retrying(once)

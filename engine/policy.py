@@ -16,15 +16,27 @@ from pydantic import BaseModel, ValidationError
 
 from engine.events import CLARIFICATION_TOOL, Policy
 from engine.models.base import Decision
+from engine.rules import PolicySet, RuleDecision
 
+# "reject" is a decision the model got wrong (validation); "refuse" a valid call the
+# policy refuses (a rule's reject, a channel it may not be used in): recorded as
+# tool_call_requested(policy="reject") with the reason.
 Kind = Literal[
-    "final", "clarify", "run_now", "approve_before_run", "wait_for_external_event", "reject"
+    "final",
+    "clarify",
+    "run_now",
+    "approve_before_run",
+    "wait_for_external_event",
+    "reject",
+    "refuse",
 ]
 
 
 class ToolLike(Protocol):
     name: str
     policy: Policy
+    source: str
+    annotations: dict[str, Any]
 
     def parse_arguments(self, arguments: dict[str, Any]) -> BaseModel: ...
 
@@ -41,10 +53,18 @@ _CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded", "pause_turn
 class Verdict:
     kind: Kind
     reason: str = ""
+    # For a valid call: what the policy decided (its rule, approvers, quorum, …).
+    rule: RuleDecision | None = None
 
 
-def classify(decision: Decision, registry: Registry) -> Verdict:
-    """Validate one decision and classify it."""
+def classify(
+    decision: Decision,
+    registry: Registry,
+    policies: PolicySet | None = None,
+    channel: str | None = None,
+) -> Verdict:
+    """Validate one decision and classify it; a valid call is decided by ``policies``
+    (None: the tool's own policy, as before a policy file) in ``channel``."""
     use = decision.tool_use
     if decision.stop_reason in _CUT_OFF:
         # A tool call in a reply that was cut off may be partial: never execute it.
@@ -62,14 +82,20 @@ def classify(decision: Decision, registry: Registry) -> Verdict:
             return Verdict("clarify")
         return Verdict("reject", 'request_clarification takes {"question": "<text>"}')
     tool = registry.get(use.name)
-    if tool is None:
-        known = ", ".join([*registry.names(), CLARIFICATION_TOOL])
+    offered = policies.offered if policies is not None else (lambda name: True)
+    if tool is None or not offered(use.name):
+        known = ", ".join([*(n for n in registry.names() if offered(n)), CLARIFICATION_TOOL])
         return Verdict("reject", f"unknown tool {use.name!r}; the tools are: {known}")
     try:
         tool.parse_arguments(use.input)
     except ValidationError as exc:
         return Verdict("reject", f"arguments for {use.name!r} are invalid: {_first_error(exc)}")
-    return Verdict(tool.policy)
+    if policies is None:
+        return Verdict(tool.policy)
+    rule = policies.decide(tool, use.input, channel)
+    if rule.policy == "reject":
+        return Verdict("refuse", rule.reason, rule)
+    return Verdict(rule.policy, rule=rule)
 
 
 def _first_error(exc: ValidationError) -> str:

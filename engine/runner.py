@@ -31,9 +31,11 @@ from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import Verdict, arguments_hash, classify
-from engine.state import PendingCall, ThreadState, next_action, reduce
+from engine.rules import PolicySet, RuleDecision
+from engine.state import WAITING_POLICIES, PendingCall, ThreadState, next_action, reduce
 from engine.store import Store
-from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor
+from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
+from tools.errors import OutcomeUnknown
 
 log = logging.getLogger("opsloop.runner")
 
@@ -60,9 +62,19 @@ class RunnerConfig:
         return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
 
 
-def projector_for(state: ThreadState, events: list[ev.AnyEvent], tools: ToolRegistry) -> Projector:
+def offered_tools(tools: ToolRegistry, policy: PolicySet | None) -> list[Tool]:
+    """The tools shown to the model: all but those a rule rejects unconditionally."""
+    return [t for t in tools.all() if policy is None or policy.offered(t.name)]
+
+
+def projector_for(
+    state: ThreadState,
+    events: list[ev.AnyEvent],
+    tools: ToolRegistry,
+    policy: PolicySet | None = None,
+) -> Projector:
     """A projector fed with what ``load_for_projection`` returned."""
-    projector = Projector(tools.all(), PROJECTION_VERSION)
+    projector = Projector(offered_tools(tools, policy), PROJECTION_VERSION)
     compacted = [e for e in events if e.seq == (state.compaction or (0,))[0]]
     if compacted:
         assert isinstance(compacted[0], ev.ContextCompacted)
@@ -70,10 +82,12 @@ def projector_for(state: ThreadState, events: list[ev.AnyEvent], tools: ToolRegi
     return projector.feed(events)
 
 
-async def project_thread(store: Store, thread_id: str, tools: ToolRegistry) -> Prompt:
+async def project_thread(
+    store: Store, thread_id: str, tools: ToolRegistry, policy: PolicySet | None = None
+) -> Prompt:
     """The prompt the next model call of this thread would get (before any compaction)."""
     state, events = await store.load_for_projection(thread_id)
-    return replace(projector_for(state, events, tools).prompt(), turn=state.decisions)
+    return replace(projector_for(state, events, tools, policy).prompt(), turn=state.decisions)
 
 
 def worker_id() -> str:
@@ -91,6 +105,7 @@ class Runner:
         clock: Clock = ev.utcnow,
         owner: str | None = None,
         before_tool: Callable[[str], Awaitable[object]] | None = None,
+        policy: PolicySet | None = None,
     ) -> None:
         self.store = store
         self.model = model
@@ -102,6 +117,9 @@ class Runner:
         # recorded as started and before it runs: the front door shows what is about to
         # happen (an approved card, the call) rather than after a long tool returns.
         self.before_tool = before_tool
+        # None: each tool's own policy and the process's approvers, as before a policy
+        # file; the calls then record no reviewer rule (approvers None).
+        self.policy = policy
 
     async def run(self, thread_id: str) -> ThreadState | None:
         """Run the thread until it rests; None if another worker holds it."""
@@ -146,8 +164,9 @@ class _Turn:
         self.thread_id = thread_id
         self.lost = lost
         self.call_ids: set[str] = set()  # every tool_use id the model has used here
-        self.projector = Projector(runner.tools.all(), PROJECTION_VERSION)
+        self.projector = Projector(offered_tools(runner.tools, runner.policy), PROJECTION_VERSION)
         self.state = ThreadState()
+        self.channel: str | None = None
 
     async def run(self) -> ThreadState:
         await self._start()
@@ -177,7 +196,9 @@ class _Turn:
 
     async def _start(self) -> None:
         self.state, events = await self.r.store.load_for_projection(self.thread_id)
-        self.projector = projector_for(self.state, events, self.r.tools)
+        self.projector = projector_for(self.state, events, self.r.tools, self.r.policy)
+        if self.r.policy is not None:
+            self.channel = (await self.r.store.get_thread(self.thread_id)).channel
         self._note_call_ids(events)
 
     async def _reload(self) -> None:
@@ -268,7 +289,7 @@ class _Turn:
             tool_names=prompt.tool_names,
             tools_hash=prompt.tools_hash,
         )
-        verdict = classify(decision, self.r.tools)
+        verdict = classify(decision, self.r.tools, self.r.policy, self.channel)
         if use is not None and use.id in self.call_ids:
             # The id makes the idempotency key: a reused one could pass for a call that
             # already ran.
@@ -291,18 +312,10 @@ class _Turn:
             )
         else:
             assert use is not None
-            key = f"{self.thread_id}:{use.id}"
-            batch.append(
-                ev.ToolCallRequested(
-                    tool_call_id=use.id,
-                    intent=use.name,
-                    arguments=use.input,
-                    policy=verdict.kind,
-                    idempotency_key=key,
-                )
-            )
+            batch.append(self._requested(use.id, use.name, use.input, verdict))
             if verdict.kind == "approve_before_run":
-                expires = self.r.clock() + timedelta(seconds=self.r.config.approval_ttl_s)
+                ttl = verdict.rule.expires_in_s if verdict.rule else self.r.config.approval_ttl_s
+                expires = self.r.clock() + timedelta(seconds=ttl)
                 batch.append(
                     ev.ApprovalRequested(
                         tool_call_id=use.id,
@@ -311,16 +324,60 @@ class _Turn:
                         reason=decision.text,
                     )
                 )
-            else:
+            elif verdict.kind != "refuse":
                 # The intent commits with the decision: one transaction, not two.
                 batch.append(ev.ToolStarted(tool_call_id=use.id, attempt=1))
         await self._append(batch)
         if self.state.pending is not None and self.state.pending.phase == "started":
             await self._invoke(self.state.pending)
 
+    def _requested(
+        self, call_id: str, name: str, arguments: dict[str, Any], verdict: Verdict
+    ) -> ev.ToolCallRequested:
+        """The call with what the policy decided for it (the rule, its reviewers)."""
+        tool = self.r.tools.get(name)
+        assert tool is not None  # classify found it
+        rule: RuleDecision | None = verdict.rule
+        idempotent = tool.idempotent
+        reviewers: dict[str, Any] = {}
+        if rule is not None:
+            idempotent = tool.idempotent if rule.idempotent is None else rule.idempotent
+            reviewers = {
+                "rule": rule.rule,
+                "approvers": tuple(sorted(rule.approvers)),
+                "quorum": rule.quorum,
+                "allow_self": rule.allow_self,
+            }
+        return ev.ToolCallRequested(
+            tool_call_id=call_id,
+            intent=name,
+            arguments=arguments,
+            policy="reject" if verdict.kind == "refuse" else verdict.kind,  # type: ignore[arg-type]
+            idempotency_key=f"{self.thread_id}:{call_id}",
+            reason=verdict.reason if verdict.kind == "refuse" else "",
+            policy_hash=self.r.policy.policy_hash if self.r.policy else None,
+            definition_hash=tool.definition_hash,
+            idempotent=idempotent,
+            **reviewers,
+        )
+
     # --- tools ----------------------------------------------------------------------
 
     async def _execute(self, call: PendingCall) -> None:
+        if call.phase == "started" and not call.idempotent:
+            # Interrupted mid-call (a crash, a lost lease): its effect may have happened.
+            # Never run it again without a person saying so.
+            await self._append(
+                [
+                    ev.ToolOutcomeUnknown(
+                        tool_call_id=call.tool_call_id,
+                        attempt=call.attempt,
+                        started_at=call.started_at,
+                        error="opsloop stopped while the call was running",
+                    )
+                ]
+            )
+            return
         if call.attempt >= self.r.config.max_tool_attempts:
             # Crashed or failed that often: stop re-running it; the model hears why.
             if call.phase != "started":
@@ -357,16 +414,33 @@ class _Turn:
             idempotency_key=call.idempotency_key,
             attempt=call.attempt,
             requester=self.state.requester,
+            definition_hash=call.definition_hash,
         )
         outcome: ev.Event
         try:
             if tool is None:
                 raise LookupError(f"tool {call.intent!r} is no longer registered")
+            if call.definition_hash is not None and tool.definition_hash != call.definition_hash:
+                raise DefinitionMismatch(
+                    f"the definition of {call.intent} changed since it was approved: "
+                    "its description or arguments are not the ones the call was made for; "
+                    "it was not run"
+                )
             args = tool.parse_arguments(call.arguments)
             async with asyncio.timeout(self.r.config.tool_timeout_s):
                 output = await tool.run(args, ctx)
+        except OutcomeUnknown as exc:
+            outcome = self._unknown(call, exc)
         except RetryableToolError as exc:
             outcome = self._retry_or_fail(call, exc)
+        except DefinitionMismatch as exc:
+            outcome = ev.ToolResult(
+                actor="tool",
+                tool_call_id=call.tool_call_id,
+                attempt=call.attempt,
+                ok=False,
+                error=str(exc),
+            )
         except Exception as exc:
             log.exception(
                 "tool failed thread_id=%s tool_call_id=%s", self.thread_id, call.tool_call_id
@@ -381,6 +455,19 @@ class _Turn:
         else:
             outcome = self._observed(call, output)
         await self._record(call, outcome)
+
+    def _unknown(self, call: PendingCall, exc: OutcomeUnknown) -> ev.Event:
+        """The tool cannot tell whether its effect happened: a person decides. For an
+        idempotent call that is a transient failure: the same key runs it again."""
+        if call.idempotent:
+            return self._retry_or_fail(call, RetryableToolError(str(exc)))
+        return ev.ToolOutcomeUnknown(
+            actor="tool",
+            tool_call_id=call.tool_call_id,
+            attempt=call.attempt,
+            started_at=call.started_at,
+            error=str(exc) or type(exc).__name__,
+        )
 
     def _retry_or_fail(self, call: PendingCall, exc: RetryableToolError) -> ev.Event:
         cfg = self.r.config
@@ -407,7 +494,7 @@ class _Turn:
             wake = (
                 now + timedelta(seconds=output.poll_every_s) if output.poll_every_s else timeout_at
             )
-            if call.policy != "wait_for_external_event":
+            if call.policy not in WAITING_POLICIES:
                 return ev.ToolResult(
                     actor="tool",
                     tool_call_id=call.tool_call_id,
@@ -500,6 +587,10 @@ class _Turn:
         wake = min(wait.timeout_at, self.r.clock() + timedelta(seconds=max(every, 0.05)))
         await self.r.store.set_wake_at(self.thread_id, self.state.last_seq, wake)
         return False
+
+
+class DefinitionMismatch(Exception):
+    """The registered tool is not the one the call was requested (and approved) for."""
 
 
 def _still_open(state: ThreadState, call: PendingCall) -> bool:

@@ -25,18 +25,24 @@ Status = Literal[
     "awaiting_approval",
     "awaiting_reply",
     "awaiting_job",
+    "awaiting_reconcile",
     "sleeping",
     "idle",
     "failed",
     "cancelled",
 ]
-Phase = Literal["requested", "awaiting_approval", "ready", "started", "retry_wait", "waiting"]
+Phase = Literal[
+    "requested", "awaiting_approval", "ready", "started", "retry_wait", "waiting", "unknown"
+]
 Action = Literal[
     "execute_tool", "ask_model", "expire_approval", "check_wait", "wait_timeout", "none"
 ]
 
 NOTES_KEPT = 3  # SaidSince kept per pending call (the count goes on)
 NOTE_CHARS = 300
+
+# The policies under which a call may start a wait.
+WAITING_POLICIES: frozenset[str] = frozenset({"wait_for_external_event", "approve_before_run"})
 
 # Statuses in which nothing happens until a person (or a new message) acts.
 AT_REST: frozenset[str] = frozenset({"new", "idle", "failed", "cancelled", "awaiting_reply"})
@@ -94,6 +100,23 @@ class PendingCall(_Frozen):
     # Messages since its approval was requested: the latest few, and how many in all.
     said_since: tuple[SaidSince, ...] = ()
     said_since_count: int = 0
+    # The reviewer rule recorded on tool_call_requested (approvers None: the process's).
+    approvers: tuple[str, ...] | None = None
+    quorum: int = 1
+    allow_self: bool | None = None
+    votes: tuple[str, ...] = ()  # who approved so far, in order (at most a quorum)
+    idempotent: bool = True
+    definition_hash: str | None = None
+    rule: int | None = None
+    started_at: AwareDatetime | None = None  # when the latest attempt started
+    # Why the outcome is unknown (phase "unknown"), as tool_outcome_unknown said.
+    unknown_error: str = ""
+
+    @property
+    def counted_votes(self) -> int:
+        """Distinct votes that count toward the quorum (the requester's only with
+        allow_self; None, as in logs from before, trusts the front door's check)."""
+        return len(set(self.votes))
 
 
 class ThreadState(_Frozen):
@@ -272,6 +295,10 @@ def _clarification_requested(s: ThreadState, e: ev.ClarificationRequested) -> di
 
 def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, Any]:
     _decision(s, e, e.tool_call_id)
+    if e.policy == "reject":
+        # A rule refused it: closed at once, the model reads the reason.
+        setback = CallSetback(kind="rejected", intent=e.intent)
+        return {"open_decision": None, "consecutive_rejections": 0, "setback": setback}
     phase: Phase = "requested" if e.policy == "approve_before_run" else "ready"
     call = PendingCall(
         tool_call_id=e.tool_call_id,
@@ -280,6 +307,12 @@ def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, A
         policy=e.policy,
         idempotency_key=e.idempotency_key,
         phase=phase,
+        approvers=e.approvers,
+        quorum=e.quorum,
+        allow_self=e.allow_self,
+        idempotent=e.idempotent,
+        definition_hash=e.definition_hash,
+        rule=e.rule,
     )
     return {"open_decision": None, "pending": call, "consecutive_rejections": 0}
 
@@ -298,9 +331,20 @@ def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, An
 
 
 def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
+    """One reviewer's vote; the call is ready once ``quorum`` distinct people voted."""
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
-    return {"pending": call.model_copy(update={"phase": "ready"}), "status": "running"}
+    _require(e.actor not in call.votes, e, s, f"{e.actor} already approved this call")
+    _require(
+        not (call.allow_self is False and e.actor == s.requester),
+        e,
+        s,
+        "the requester's vote does not count",
+    )
+    voted = call.model_copy(update={"votes": (*call.votes, e.actor)})
+    if voted.counted_votes < call.quorum:
+        return {"pending": voted}
+    return {"pending": voted.model_copy(update={"phase": "ready"}), "status": "running"}
 
 
 def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
@@ -315,7 +359,15 @@ def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
     _require(s.status in ("running", "sleeping"), e, s, "the thread is not running")
     call = _pending(s, e, e.tool_call_id, "ready", "started", "retry_wait")
     _require(e.attempt == call.attempt + 1, e, s, f"attempt {call.attempt + 1} is next")
-    started = call.model_copy(update={"phase": "started", "attempt": e.attempt})
+    _require(
+        call.phase != "started" or call.idempotent,
+        e,
+        s,
+        "an interrupted non-idempotent call runs again only when a person says so",
+    )
+    started = call.model_copy(
+        update={"phase": "started", "attempt": e.attempt, "started_at": e.created_at}
+    )
     return {"pending": started, "status": "running"}
 
 
@@ -327,6 +379,25 @@ def _tool_result(s: ThreadState, e: ev.ToolResult) -> dict[str, Any]:
     _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
     setback = None if e.ok else CallSetback(kind="failed", intent=call.intent)
     return {"pending": None, "setback": setback}
+
+
+def _tool_outcome_unknown(s: ThreadState, e: ev.ToolOutcomeUnknown) -> dict[str, Any]:
+    _require(s.status == "running", e, s, "the thread is not running")
+    call = _pending(s, e, e.tool_call_id, "started")
+    _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
+    _require(not call.idempotent, e, s, "an idempotent call simply runs again")
+    unknown = call.model_copy(update={"phase": "unknown", "unknown_error": e.error})
+    return {"pending": unknown, "status": "awaiting_reconcile"}
+
+
+def _reconcile_decided(s: ThreadState, e: ev.ReconcileDecided) -> dict[str, Any]:
+    _require(s.status == "awaiting_reconcile", e, s, "no outcome is unknown")
+    call = _pending(s, e, e.tool_call_id, "unknown")
+    if e.decision == "retry":  # the next attempt, with the same idempotency key
+        again = call.model_copy(update={"phase": "ready", "unknown_error": ""})
+        return {"pending": again, "status": "running"}
+    setback = CallSetback(kind="failed", intent=call.intent) if e.decision == "abandon" else None
+    return {"pending": None, "status": "running", "setback": setback}
 
 
 def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
@@ -343,7 +414,8 @@ def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
 def _wait_started(s: ThreadState, e: ev.WaitStarted) -> dict[str, Any]:
     _require(s.status == "running", e, s, "the thread is not running")
     call = _pending(s, e, e.tool_call_id, "started")
-    _require(call.policy == "wait_for_external_event", e, s, "the tool does not wait")
+    # A waiting tool may sit behind an approval: approval, the call, then the wait.
+    _require(call.policy in WAITING_POLICIES, e, s, "the tool does not wait")
     info = WaitInfo(
         wait_id=e.wait_id,
         description=e.description,
@@ -412,6 +484,8 @@ _APPLY: dict[str, Callable[[ThreadState, Any], dict[str, Any]]] = {
     "approval_refused": _no_change,
     "tool_started": _tool_started,
     "tool_result": _tool_result,
+    "tool_outcome_unknown": _tool_outcome_unknown,
+    "reconcile_decided": _reconcile_decided,
     "retry_scheduled": _retry_scheduled,
     "wait_started": _wait_started,
     "wait_finished": _wait_closed,

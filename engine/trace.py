@@ -117,7 +117,16 @@ def _clarification_requested(e: ev.ClarificationRequested) -> str:
 
 
 def _tool_call_requested(e: ev.ToolCallRequested) -> str:
-    return f"{e.intent}({excerpt(e.arguments)}) policy={e.policy}"
+    text = f"{e.intent}({excerpt(e.arguments)}) policy={e.policy}"
+    if e.rule is not None:
+        text += f" rule {e.rule}"
+    if e.policy_hash:
+        text += f" policy {e.policy_hash[:8]}"
+    if e.quorum > 1:
+        text += f" quorum {e.quorum}"
+    if not e.idempotent:
+        text += " non-idempotent"
+    return text + _reason(e.reason)
 
 
 def _approval_requested(e: ev.ApprovalRequested) -> str:
@@ -135,7 +144,18 @@ def _approval_rejected(e: ev.ApprovalRejected) -> str:
 
 
 def _approval_refused(e: ev.ApprovalRefused) -> str:
-    return f"refused to {e.decision} {e.tool_call_id}" + _reason(e.reason)
+    what = f"{e.decision} {e.tool_call_id}" if e.tool_call_id else e.decision
+    return f"refused to {what}" + _reason(e.reason)
+
+
+def _tool_outcome_unknown(e: ev.ToolOutcomeUnknown) -> str:
+    since = f" (started {_at(e.started_at, e.created_at)})" if e.started_at else ""
+    return f"outcome of {e.tool_call_id} attempt {e.attempt} unknown{since}" + _reason(e.error)
+
+
+def _reconcile_decided(e: ev.ReconcileDecided) -> str:
+    said = {"happened": "it happened", "retry": "run it again", "abandon": "it did not happen"}
+    return f"{e.tool_call_id}: {said[e.decision]} (by {e.reviewer})" + _reason(e.note)
 
 
 def _approval_expired(e: ev.ApprovalExpired) -> str:
@@ -202,6 +222,8 @@ _SUMMARIES: dict[str, Callable[[Any], str]] = {
     "approval_expired": _approval_expired,
     "tool_started": _tool_started,
     "tool_result": _tool_result,
+    "tool_outcome_unknown": _tool_outcome_unknown,
+    "reconcile_decided": _reconcile_decided,
     "retry_scheduled": _retry_scheduled,
     "wait_started": _wait_started,
     "wait_finished": _wait_finished,

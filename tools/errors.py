@@ -4,6 +4,7 @@ Tree::
 
     ToolError                 base; a tool failed permanently (the model sees the message)
     +-- RetryableToolError    transient failure; the engine retries with backoff
+    +-- OutcomeUnknown        the effect may or may not have happened; a person decides
     +-- ToolLoadError         a module named in OPSLOOP_TOOLS could not be imported
     +-- ToolDefinitionError   @tool was used incorrectly (raised at decoration time)
 """
@@ -41,3 +42,8 @@ class ToolLoadError(ToolError):
 
 class ToolDefinitionError(ToolError):
     """The @tool decorator (or a registry) was given something it cannot accept."""
+
+
+class OutcomeUnknown(ToolError):
+    """A non-idempotent effect may or may not have happened (the connection was lost
+    after the request went out): the engine asks a person instead of retrying."""

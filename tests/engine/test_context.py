@@ -88,6 +88,15 @@ ANSWERS_BY_ID = {
 ANSWERS_OPEN = {"thread_cancelled", "error"}
 
 
+def answers(e: ev.Event) -> bool:
+    """Does ``e`` close its call in the prompt (beyond the types above)?"""
+    if isinstance(e, ev.ToolCallRequested):
+        return e.policy == "reject"  # a rule refused it: answered at once
+    if isinstance(e, ev.ReconcileDecided):
+        return e.decision != "retry"  # a retry runs it again: still open
+    return e.type in ANSWERS_BY_ID
+
+
 def answered_calls(log: list[ev.Event]) -> set[str]:
     """Ids of tool uses whose outcome is in the log (computed from the log, not the prompt)."""
     done: set[str] = set()
@@ -96,8 +105,7 @@ def answered_calls(log: list[ev.Event]) -> set[str]:
         if isinstance(e, ev.ModelDecision) and e.tool_name and e.tool_call_id:
             open_call = e.tool_call_id
         elif open_call is not None and (
-            e.type in ANSWERS_OPEN
-            or (e.type in ANSWERS_BY_ID and getattr(e, "tool_call_id", None) == open_call)
+            e.type in ANSWERS_OPEN or (answers(e) and getattr(e, "tool_call_id", None) == open_call)
         ):
             done.add(open_call)
             open_call = None
@@ -301,7 +309,7 @@ def test_cancel_answers_the_open_call() -> None:
         {
             "type": "tool_result",
             "tool_use_id": "toolu_2",
-            "content": f"[system] {REQUESTER} cancelled this thread. nvm",
+            "content": f"Not run: <@{REQUESTER}> cancelled this thread: nvm",
             "is_error": True,
         }
     ]  # said once: the note closes the call instead of being repeated as text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
 from collections import Counter
 from subprocess import PIPE
@@ -81,6 +82,57 @@ async def test_sigkill_at_each_boundary_then_a_fresh_process_finishes(db_url, tm
     assert len(keys) == 2  # one idempotency key per call, on every attempt
     if kill_at.startswith("tool_effect"):
         assert len(invoked) == 3  # the killed attempt ran again, with the same key
+
+
+def run_unknown(db_url, tmp_path, faults: str | None, reconcile: str | None = None):
+    """The crash child driving one non-idempotent call (a Python ``@tool(idempotent=False)``)."""
+    env = child_env(db_url, tmp_path, faults)
+    env["CRASH_SCENARIO"] = "unknown"
+    env.pop("RECONCILE", None)
+    if reconcile:
+        env["RECONCILE"] = reconcile
+    return subprocess.run(
+        [sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+@pytest.mark.parametrize(("decision", "runs"), [("retry", 2), ("happened", 1), ("abandon", 1)])
+async def test_a_non_idempotent_call_killed_mid_flight_runs_again_only_if_a_person_says(
+    db_url, tmp_path, decision, runs
+):
+    first = run_unknown(db_url, tmp_path, "tool_effect:1")
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
+    assert len(lines(tmp_path / "restarts.log")) == 1
+
+    # A fresh process does not run it again: the outcome is unknown, a person decides.
+    second = run_unknown(db_url, tmp_path, None)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.strip() == "awaiting_reconcile"
+    assert len(lines(tmp_path / "restarts.log")) == 1
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    types = [e.type for e in events]
+    assert types[-3:] == ["tool_call_requested", "tool_started", "tool_outcome_unknown"]
+    assert info.status == "awaiting_reconcile"
+
+    third = run_unknown(db_url, tmp_path, None, reconcile=decision)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.strip() == "idle"
+    restarts = lines(tmp_path / "restarts.log")
+    assert len(restarts) == runs
+    assert len({line.split()[1] for line in restarts}) == 1  # the same key on a retry
+    store = await Store.open(db_url)
+    try:
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert reduce(events).status == "idle"
+    assert Counter(e.type for e in events)["reconcile_decided"] == 1
 
 
 def test_child_script_matches_the_matrix():

@@ -53,6 +53,12 @@ SAMPLES: dict[str, ev.Event] = {
         ev.ToolResult(
             actor="tool", tool_call_id="toolu_5", attempt=2, ok=True, output={"v": [1, "x"]}
         ),
+        ev.ToolOutcomeUnknown(
+            tool_call_id="toolu_5", attempt=1, started_at=at(1), error="connection lost"
+        ),
+        ev.ReconcileDecided(
+            actor="U2", tool_call_id="toolu_5", decision="happened", reviewer="U2", note="ok"
+        ),
         ev.RetryScheduled(tool_call_id="toolu_5", attempt=1, wake_at=at(2), error="503"),
         ev.WaitStarted(
             actor="tool",
@@ -210,3 +216,31 @@ def test_a_decision_keeps_what_its_prompt_was_built_from() -> None:
     back = ev.parse_event(decision.model_dump(mode="json"))
     assert isinstance(back, ev.ModelDecision)
     assert back.tool_names == ("deploy", "lookup") and back.tools_hash == "cd" * 32
+
+
+def test_a_ruled_call_and_its_new_fields_round_trip() -> None:
+    ruled = ev.ToolCallRequested(
+        tool_call_id="toolu_7",
+        intent="mcp__svc__restart",
+        arguments={"name": "api"},
+        policy="reject",
+        idempotency_key="thr:toolu_7",
+        reason="never in production",
+        rule=2,
+        policy_hash="a" * 64,
+        definition_hash="d" * 64,
+        idempotent=False,
+        approvers=("U1", "S1"),
+        quorum=2,
+        allow_self=False,
+    )
+    back = ev.parse_event(ruled.model_dump(mode="json"))
+    assert back == ruled and back.approvers == ("U1", "S1")  # type: ignore[union-attr]
+    with pytest.raises(InvalidEvent, match="quorum"):
+        ev.parse_event({**ruled.model_dump(mode="json"), "quorum": 0})
+    with pytest.raises(InvalidEvent, match="decision"):
+        ev.parse_event(
+            {"type": "reconcile_decided", "tool_call_id": "t", "decision": "maybe", "reviewer": "U"}
+        )
+    cancel = ev.parse_event({"type": "approval_refused", "decision": "cancel", "reason": "no"})
+    assert cancel.tool_call_id is None  # type: ignore[union-attr]

@@ -13,10 +13,14 @@ from engine import events as ev
 from engine.errors import ThreadNotFound
 from engine.inputs import (
     Accepted,
+    Decider,
+    Org,
     Refused,
     answer_clarification,
     cancel,
+    check_reconcile,
     decide_approval,
+    decide_reconcile,
     finish_wait,
     post_user_message,
 )
@@ -383,3 +387,168 @@ async def test_a_thread_with_nothing_in_it_cannot_be_cancelled(store: Store) -> 
     refused = await cancel(store, tid, by=REQ, policy=OPEN)
     assert isinstance(refused, Refused) and "new" in refused.reason
     assert await store.select_events(tid) == []
+
+
+# --- quorum and the call's own reviewer rule (issue 9) ----------------------------------
+
+BOB, CAROL = "U0BOB", "U0CAROL"
+SRE = "S0SRE"
+
+
+def restart_log(tid: str, approvers: tuple[str, ...], quorum: int = 1) -> list[ev.Event]:
+    """A non-idempotent call whose rule names ``approvers`` and ``quorum``, at its card."""
+    return [
+        ev.ModelDecision(actor="model", tool_name="restart", tool_call_id=CALL, arguments=ARGS),
+        ev.ToolCallRequested(
+            tool_call_id=CALL,
+            intent="restart",
+            arguments=ARGS,
+            policy="approve_before_run",
+            idempotency_key=f"{tid}:{CALL}",
+            rule=0,
+            approvers=approvers,
+            quorum=quorum,
+            allow_self=False,
+            idempotent=False,
+        ),
+        ev.ApprovalRequested(
+            tool_call_id=CALL,
+            arguments_hash=arguments_hash("restart", ARGS),
+            expires_at=ev.utcnow() + timedelta(days=1),
+        ),
+    ]
+
+
+async def ruled_thread(store: Store, approvers: tuple[str, ...], quorum: int = 1) -> str:
+    tid = await started_thread(store)
+    state = await store.load(tid)
+    await store.append(tid, state.last_seq, restart_log(tid, approvers, quorum))
+    return tid
+
+
+async def vote(store: Store, tid: str, decider: Decider, **kw: Any) -> Accepted | Refused:
+    return await decide_approval(
+        store, tid, tool_call_id=CALL, decision="approve", policy=OPEN, decider=decider, **kw
+    )
+
+
+async def test_a_quorum_of_two_needs_two_people_and_refuses_a_second_vote(store: Store) -> None:
+    tid = await ruled_thread(store, (BOB, CAROL), quorum=2)
+    assert isinstance(await vote(store, tid, Decider(BOB)), Accepted)
+    state = await store.load(tid)
+    assert state.status == "awaiting_approval" and state.pending is not None
+    assert state.pending.votes == (BOB,)
+    again = await vote(store, tid, Decider(BOB), dedupe_key="click:2")
+    assert isinstance(again, Refused) and "already approved" in again.reason
+    assert (await types(store, tid))[-1] == "approval_refused"
+    assert isinstance(await vote(store, tid, Decider(CAROL)), Accepted)
+    state = await store.load(tid)
+    assert state.status == "running" and state.pending is not None
+    assert state.pending.phase == "ready"
+    late = await vote(store, tid, Decider(BOSS))
+    assert isinstance(late, Refused) and late.reason.startswith(f"already approved by {CAROL}")
+
+
+async def test_the_calls_approvers_override_the_process_policy(store: Store) -> None:
+    tid = await ruled_thread(store, (BOB,))
+    # OPEN would let anyone in; the rule names only BOB.
+    refused = await vote(store, tid, Decider(BOSS))
+    assert isinstance(refused, Refused) and refused.reason == "you are not on the approvers list"
+    mine = await vote(store, tid, Decider(REQ))
+    assert isinstance(mine, Refused) and "self-approval" in mine.reason
+    assert isinstance(await vote(store, tid, Decider(BOB)), Accepted)
+
+
+async def test_a_rules_group_is_resolved_only_when_needed(store: Store) -> None:
+    tid = await ruled_thread(store, (SRE,))
+    asked: list[frozenset[str]] = []
+
+    async def resolve(groups: frozenset[str]) -> frozenset[str]:
+        asked.append(groups)
+        return groups if len(asked) > 1 else frozenset()
+
+    outsider = await vote(store, tid, Decider(BOSS, resolve=resolve))
+    assert isinstance(outsider, Refused) and asked == [frozenset({SRE})]
+    assert isinstance(await vote(store, tid, Decider(BOB, resolve=resolve)), Accepted)
+    assert len(asked) == 2
+
+
+async def test_oncall_approvers_match_nobody_yet(store: Store) -> None:
+    tid = await ruled_thread(store, ("oncall:PXYZ",))
+    refused = await vote(store, tid, Decider(BOSS))
+    assert isinstance(refused, Refused) and "on-call schedules" in refused.reason
+
+
+# --- reconcile ------------------------------------------------------------------------
+
+
+async def unknown_thread(store: Store, approvers: tuple[str, ...] = (BOB, CAROL)) -> str:
+    """A thread whose non-idempotent call CALL was interrupted: its outcome is unknown."""
+    tid = await ruled_thread(store, approvers)
+    state = await store.load(tid)
+    tail = [
+        ev.ApprovalGranted(actor=BOB, tool_call_id=CALL),
+        ev.ToolStarted(tool_call_id=CALL, attempt=1),
+        ev.ToolOutcomeUnknown(tool_call_id=CALL, attempt=1, error="connection lost"),
+    ]
+    await store.append(tid, state.last_seq, tail)
+    assert (await store.load(tid)).status == "awaiting_reconcile"
+    return tid
+
+
+async def reconcile(
+    store: Store, tid: str, decider: Decider, decision: ev.ReconcileDecision, **kw: Any
+) -> Accepted | Refused:
+    return await decide_reconcile(
+        store, tid, tool_call_id=CALL, decider=decider, decision=decision, policy=OPEN, **kw
+    )
+
+
+@pytest.mark.parametrize("decision", ["happened", "retry", "abandon"])
+async def test_reconcile_by_a_reviewer_of_the_call(
+    store: Store, decision: ev.ReconcileDecision
+) -> None:
+    tid = await unknown_thread(store)
+    assert (
+        await check_reconcile(store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN)
+        is None
+    )
+    done = await reconcile(
+        store, tid, Decider(CAROL), decision, note=" restarted by hand ", dedupe_key="v1"
+    )
+    assert isinstance(done, Accepted) and done.event.type == "reconcile_decided"
+    assert done.event.reviewer == CAROL and done.event.note == "restarted by hand"  # type: ignore[union-attr]
+    state = await store.load(tid)
+    assert state.status == "running"
+    assert (state.pending is not None) == (decision == "retry")
+    again = await reconcile(store, tid, Decider(CAROL), decision, dedupe_key="v1")
+    assert isinstance(again, Accepted) and again.deduplicated
+    other = await reconcile(store, tid, Decider(BOB), "retry")
+    assert isinstance(other, Refused)
+    assert other.reason.startswith(f"already decided ({decision}) by {CAROL}")
+
+
+async def test_reconcile_is_refused_to_others_and_to_the_requester(store: Store) -> None:
+    tid = await unknown_thread(store)
+    for who, why in ((BOSS, "not on the approvers list"), (REQ, "self-approval")):
+        why_not = await check_reconcile(
+            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN
+        )
+        assert why_not is not None and why in why_not
+        refused = await reconcile(store, tid, Decider(who), "happened")
+        assert isinstance(refused, Refused) and why in refused.reason
+        assert refused.event is not None and refused.event.decision == "happened"  # type: ignore[union-attr]
+    assert (await store.load(tid)).status == "awaiting_reconcile"
+
+
+async def test_reconcile_needs_a_call_in_question(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    refused = await reconcile(store, tid, Decider(BOSS), "retry")
+    assert isinstance(refused, Refused)
+    assert refused.reason == "there is no such call whose outcome is unknown"
+
+
+async def test_reconcile_from_another_team_is_refused(store: Store) -> None:
+    tid = await unknown_thread(store)
+    refused = await reconcile(store, tid, Decider(CAROL, org=Org(("T2",))), "retry")
+    assert isinstance(refused, Refused) and "Slack team" in refused.reason

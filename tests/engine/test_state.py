@@ -13,11 +13,14 @@ from engine import events as ev
 from engine.errors import IllegalTransition
 from engine.state import ThreadState, apply, next_action, reduce
 from tests.support.logs import (
+    OTHER,
     PROPERTY,
     REQUESTER,
     REVIEWER,
+    THREAD_ID,
     Simulator,
     answered,
+    approval_asked,
     approval_pending,
     at,
     clarification_asked,
@@ -25,7 +28,9 @@ from tests.support.logs import (
     happy_path,
     is_legal,
     legal_logs,
+    outcome_unknown,
     random_log,
+    reconciled,
     requested,
     result,
     retry,
@@ -49,6 +54,8 @@ BOGUS: list[ev.Event] = [
     ev.WaitTimedOut(tool_call_id="toolu_bogus", wait_id="w_bogus"),
     ev.ClarificationAnswered(tool_call_id="toolu_bogus", text="?"),
     ev.ClarificationRequested(tool_call_id="toolu_bogus", question="?"),
+    ev.ToolOutcomeUnknown(tool_call_id="toolu_bogus", attempt=1),
+    ev.ReconcileDecided(tool_call_id="toolu_bogus", decision="retry", reviewer=REVIEWER),
 ]
 # Events whose legality depends on the state; probed in every state.
 PROBES: list[ev.Event] = [
@@ -99,6 +106,9 @@ def test_every_reachable_state_is_consistent(log: list[ev.Event]) -> None:
             assert phase == "waiting"
         if phase == "retry_wait":
             assert state.status == "sleeping"
+        assert (state.status == "awaiting_reconcile") == (phase == "unknown")
+        if state.pending is not None:
+            assert len(state.pending.votes) <= state.pending.quorum
         assert ThreadState.model_validate_json(state.model_dump_json()) == state
     assert reduce(log) == state
 
@@ -546,6 +556,7 @@ def test_simulated_logs_reach_every_status_and_event_type() -> None:
         "awaiting_approval",
         "awaiting_reply",
         "awaiting_job",
+        "awaiting_reconcile",
         "sleeping",
         "idle",
         "failed",
@@ -563,3 +574,137 @@ def test_result_of_a_started_call_stays_recordable_after_reopening(stop: ev.Even
     assert state.status == "running"
     # The tool ran: its result is a fact the log (and the model) must be able to hold.
     assert apply(state, result("c1")).last_seq == state.last_seq + 1
+
+
+# --- quorum, reject, outcome unknown (issue 9) ------------------------------------------
+
+
+def restart_pending(call_id: str = "r1") -> list[ev.Event]:
+    """A non-idempotent call needing two of (REVIEWER, OTHER), up to its card."""
+    args = {"service": "api"}
+    return [
+        decided(call_id, "restart", **args),
+        requested(call_id, "restart", **args),
+        approval_asked(call_id, "restart", **args),
+    ]
+
+
+def test_a_quorum_of_two_needs_two_distinct_votes() -> None:
+    state = fold([user()], restart_pending())
+    one = apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1"))
+    assert one.status == "awaiting_approval" and one.pending is not None
+    assert one.pending.votes == (REVIEWER,) and one.pending.phase == "awaiting_approval"
+    assert next_action(one, at(1)) == "none"
+    with pytest.raises(IllegalTransition, match="already approved"):
+        apply(one, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1"))
+    two = apply(one, ev.ApprovalGranted(actor=OTHER, tool_call_id="r1"))
+    assert two.status == "running" and two.pending is not None
+    assert two.pending.phase == "ready" and two.pending.votes == (REVIEWER, OTHER)
+    assert next_action(two, at(1)) == "execute_tool"
+
+
+def test_the_requesters_vote_is_refused_without_allow_self() -> None:
+    state = fold([user()], restart_pending())
+    with pytest.raises(IllegalTransition, match="requester"):
+        apply(state, ev.ApprovalGranted(actor=REQUESTER, tool_call_id="r1"))
+
+
+def test_one_rejection_ends_a_call_with_votes() -> None:
+    state = fold(
+        [user()], restart_pending(), [ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1")]
+    )
+    closed = apply(state, ev.ApprovalRejected(actor=OTHER, tool_call_id="r1"))
+    assert closed.pending is None and closed.setback is not None
+    assert closed.setback.kind == "rejected"
+
+
+def test_a_rejected_call_closes_at_once() -> None:
+    state = fold([user(), decided("p1", "purge", what="all"), requested("p1", "purge", what="all")])
+    assert state.pending is None and state.open_decision is None
+    assert state.status == "running" and state.setback is not None
+    assert state.setback.kind == "rejected"
+    assert next_action(state, at(0)) == "ask_model"
+    with pytest.raises(IllegalTransition):
+        apply(state, started("p1"))
+
+
+def started_restart() -> list[ev.Event]:
+    return [
+        user(),
+        *restart_pending(),
+        ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1"),
+        ev.ApprovalGranted(actor=OTHER, tool_call_id="r1"),
+        started("r1"),
+    ]
+
+
+def test_an_interrupted_non_idempotent_call_awaits_a_person() -> None:
+    state = fold(started_restart())
+    with pytest.raises(IllegalTransition, match="only when a person says so"):
+        apply(state, started("r1", 2))
+    unknown = apply(state, outcome_unknown("r1"))
+    assert unknown.status == "awaiting_reconcile" and unknown.pending is not None
+    assert unknown.pending.phase == "unknown"
+    assert unknown.pending.unknown_error == "connection lost"
+    assert unknown.wake_at is None and next_action(unknown, at(10_000)) == "none"
+    for refused in (started("r1", 2), result("r1"), outcome_unknown("r1")):
+        with pytest.raises(IllegalTransition):
+            apply(unknown, refused)
+
+
+def test_an_idempotent_call_never_has_an_unknown_outcome() -> None:
+    state = fold([user(), decided("c1", "lookup"), requested("c1", "lookup"), started("c1")])
+    with pytest.raises(IllegalTransition, match="idempotent"):
+        apply(state, outcome_unknown("c1"))
+    assert apply(state, started("c1", 2)).pending is not None  # it simply runs again
+
+
+@pytest.mark.parametrize(
+    ("decision", "pending", "setback"),
+    [("happened", False, None), ("abandon", False, "failed"), ("retry", True, None)],
+)
+def test_reconcile_decides_what_follows(
+    decision: ev.ReconcileDecision, pending: bool, setback: str | None
+) -> None:
+    state = fold(started_restart(), [outcome_unknown("r1")])
+    after = apply(state, reconciled("r1", decision, note="restarted by hand"))
+    assert after.status == "running"
+    assert (after.pending is not None) == pending
+    assert (after.setback.kind if after.setback else None) == setback
+    if pending:
+        assert after.pending is not None and after.pending.phase == "ready"
+        assert next_action(after, at(1)) == "execute_tool"
+        again = apply(after, started("r1", 2))
+        assert again.pending is not None and again.pending.attempt == 2
+        assert again.pending.idempotency_key == f"{THREAD_ID}:r1"  # the same key
+    else:
+        assert next_action(after, at(1)) == "ask_model"
+
+
+def test_a_reconcile_needs_an_unknown_outcome() -> None:
+    with pytest.raises(IllegalTransition, match="no outcome is unknown"):
+        apply(fold(started_restart()), reconciled("r1", "happened"))
+    state = fold(started_restart(), [outcome_unknown("r1")])
+    with pytest.raises(IllegalTransition, match="not pending"):
+        apply(state, reconciled("other", "happened"))
+
+
+def test_a_cancel_drops_a_call_in_question() -> None:
+    state = fold(started_restart(), [outcome_unknown("r1")])
+    cancelled = apply(state, ev.ThreadCancelled(actor=REQUESTER))
+    assert cancelled.pending is None and cancelled.orphan is None
+    with pytest.raises(IllegalTransition):
+        apply(cancelled, reconciled("r1", "retry"))
+
+
+def test_a_waiting_tool_may_sit_behind_an_approval() -> None:
+    log = [
+        user(),
+        decided("b1", "build", ref="main"),
+        requested("b1", "build", policy="approve_before_run", ref="main"),
+        approval_asked("b1", "build", ref="main"),
+        ev.ApprovalGranted(actor=REVIEWER, tool_call_id="b1"),
+        started("b1"),
+        waiting_on_job("b1")[3],
+    ]
+    assert fold(log).status == "awaiting_job"

@@ -150,7 +150,44 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.ContextCompacted(**_env(22), upto_seq=12, summary="x" * 40),
         "prompt compacted: seq 1–12 summarised (40 chars, deterministic)",
     ),
+    "tool_outcome_unknown": (
+        ev.ToolOutcomeUnknown(
+            **_env(23), tool_call_id=CALL, attempt=1, started_at=T0, error="connection lost"
+        ),
+        f"outcome of {CALL} attempt 1 unknown (started 12:00:00): connection lost",
+    ),
+    "reconcile_decided": (
+        ev.ReconcileDecided(
+            **_env(24, "U2"), tool_call_id=CALL, decision="happened", reviewer="U2", note="done"
+        ),
+        f"{CALL}: it happened (by U2): done",
+    ),
 }
+
+
+def test_a_ruled_call_shows_its_rule_and_policy_hash() -> None:
+    ruled = ev.ToolCallRequested(
+        **_env(8),
+        tool_call_id=CALL,
+        intent="mcp__svc__restart",
+        arguments={"name": "api"},
+        policy="approve_before_run",
+        idempotency_key="thr_1:toolu_01",
+        rule=3,
+        policy_hash="0123456789abcdef" * 4,
+        quorum=2,
+        idempotent=False,
+    )
+    assert summarize(ruled) == (
+        'mcp__svc__restart({"name":"api"}) policy=approve_before_run rule 3 policy 01234567'
+        " quorum 2 non-idempotent"
+    )
+    refused = ruled.model_copy(update={"policy": "reject", "reason": "not in prod", "quorum": 1})
+    assert summarize(refused).endswith(
+        "policy=reject rule 3 policy 01234567 non-idempotent: not in prod"
+    )
+    cancel = ev.ApprovalRefused(**_env(12, "U1"), decision="cancel", reason="not yours")
+    assert summarize(cancel) == "refused to cancel: not yours"
 
 
 def test_samples_cover_every_event_type() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from engine import faults
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, decide_reconcile, post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.policy import ApproverPolicy
 from engine.runner import Runner, RunnerConfig
@@ -76,7 +76,18 @@ async def deploy(args: DeployArgs, ctx: ToolContext) -> dict:
     return {"deployed": args.service, "version": 42}
 
 
+@tool(registry=REGISTRY, idempotent=False)
+async def restart(args: DeployArgs, ctx: ToolContext) -> dict:
+    """Restart a service (not idempotent: the target keeps no key)."""
+    _append_line("restarts.log", f"restart {ctx.idempotency_key} {ctx.attempt}")
+    faults.hit("tool_effect")  # die between the effect and its tool_result
+    return {"restarted": args.service}
+
+
 SCRIPT = [call("lookup", q="api"), call("deploy", service="api"), say("api is deployed")]
+# CRASH_SCENARIO=unknown: one non-idempotent call; RECONCILE (happened, retry, abandon)
+# is what a person says when its outcome is unknown (unset: leave it waiting).
+UNKNOWN_SCRIPT = [call("restart", service="api"), say("api was restarted")]
 
 
 async def drive(store: Store, runner: Runner, deadline: float) -> str:
@@ -100,6 +111,20 @@ async def drive(store: Store, runner: Runner, deadline: float) -> str:
                 dedupe_key="click-1",
             )
             continue
+        if state.status == "awaiting_reconcile" and state.pending is not None:
+            decision = os.environ.get("RECONCILE")
+            if not decision:
+                return state.status
+            await decide_reconcile(
+                store,
+                posted.thread_id,
+                tool_call_id=state.pending.tool_call_id,
+                decider=Decider("U_BOB"),
+                decision=decision,  # type: ignore[arg-type]
+                policy=ApproverPolicy(),
+                dedupe_key="reconcile-1",
+            )
+            continue
         if state.status in ("idle", "failed", "cancelled"):
             return state.status
         await asyncio.sleep(0.05)
@@ -109,13 +134,14 @@ async def drive(store: Store, runner: Runner, deadline: float) -> str:
 async def main() -> int:
     store = await Store.open(os.environ["DATABASE_URL"])
     lease = float(os.environ.get("LEASE_SECONDS", "1.0"))
-    runner = Runner(store, ScriptedModel(SCRIPT), REGISTRY, RunnerConfig(lease_ttl_s=lease))
+    script = UNKNOWN_SCRIPT if os.environ.get("CRASH_SCENARIO") == "unknown" else SCRIPT
+    runner = Runner(store, ScriptedModel(script), REGISTRY, RunnerConfig(lease_ttl_s=lease))
     try:
         status = await drive(store, runner, asyncio.get_running_loop().time() + 60)
     finally:
         await store.close()
     print(status)
-    return 0 if status == "idle" else 1
+    return 0 if status in ("idle", "awaiting_reconcile") else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections import Counter
 from pydantic import BaseModel
 
 from tools import RetryableToolError, ToolContext, ToolRegistry, WaitFor, tool
+from tools.errors import OutcomeUnknown
 
 
 class Args(BaseModel):
@@ -53,5 +54,34 @@ def make_tools(effects: Counter) -> ToolRegistry:
     async def check(data: dict, ctx: ToolContext) -> dict | None:
         effects["poll"] += 1
         return {"job": data["job"], "accuracy": 0.9} if effects["poll"] >= 2 else None
+
+    return reg
+
+
+def make_ruled_tools(effects: Counter) -> ToolRegistry:
+    """``make_tools`` plus what policy rules act on: a non-idempotent ``restart`` (name
+    "lost" raises ``OutcomeUnknown`` after counting its effect), a ``purge`` rules reject,
+    and ``gated_train``, a waiting tool a rule puts behind an approval."""
+    reg = make_tools(effects)
+
+    @tool(policy="approve_before_run", idempotent=False, registry=reg)
+    async def restart(args: Args, ctx: ToolContext) -> dict:
+        """Restart a service."""
+        effects["restart"] += 1
+        if args.name == "lost":
+            raise OutcomeUnknown("the connection dropped after the request was sent")
+        return {"restarted": args.name, "attempt": ctx.attempt}
+
+    @tool(registry=reg)
+    async def purge(args: Args, ctx: ToolContext) -> dict:
+        """Delete everything about something."""
+        effects["purge"] += 1
+        return {"purged": args.name}
+
+    @tool(policy="wait_for_external_event", registry=reg)
+    async def gated_train(args: Args, ctx: ToolContext) -> WaitFor:
+        """Start a training job (after approval) and wait for it."""
+        effects["gated_train"] += 1
+        return WaitFor(f"training {args.name}", data={"job": args.name}, timeout_s=60)
 
     return reg

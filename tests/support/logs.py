@@ -34,10 +34,24 @@ REQUESTER = "U0REQUEST"
 REVIEWER = "U0REVIEW"
 OTHER = "U0OTHER"
 # The tools the simulated model knows, with their policies.
-TOOLS: dict[str, ev.Policy] = {
+TOOLS: dict[str, ev.CallPolicy] = {
     "lookup": "run_now",
     "deploy": "approve_before_run",
     "build": "wait_for_external_event",
+    "restart": "approve_before_run",  # non-idempotent, a quorum of two
+    "purge": "reject",  # a rule refuses it
+}
+# What a policy file's rule records on these tools' tool_call_requested.
+RULED: dict[str, dict[str, Any]] = {
+    "restart": {
+        "rule": 0,
+        "policy_hash": "b" * 64,
+        "approvers": (REVIEWER, OTHER),
+        "quorum": 2,
+        "allow_self": False,
+        "idempotent": False,
+    },
+    "purge": {"rule": 1, "policy_hash": "b" * 64, "reason": "nothing is ever purged"},
 }
 UNKNOWN_TOOL = "no_such_tool"
 
@@ -79,7 +93,7 @@ def requested(
     call_id: str,
     tool: str,
     *,
-    policy: ev.Policy | None = None,
+    policy: ev.CallPolicy | None = None,
     thread_id: str = THREAD_ID,
     **arguments: Any,
 ) -> ev.ToolCallRequested:
@@ -89,6 +103,21 @@ def requested(
         arguments=arguments,
         policy=policy or TOOLS[tool],
         idempotency_key=f"{thread_id}:{call_id}",
+        **RULED.get(tool, {}),
+    )
+
+
+def outcome_unknown(call_id: str, attempt: int = 1) -> ev.ToolOutcomeUnknown:
+    return ev.ToolOutcomeUnknown(
+        tool_call_id=call_id, attempt=attempt, started_at=T0, error="connection lost"
+    )
+
+
+def reconciled(
+    call_id: str, decision: ev.ReconcileDecision, reviewer: str = REVIEWER, note: str = ""
+) -> ev.ReconcileDecided:
+    return ev.ReconcileDecided(
+        actor=reviewer, tool_call_id=call_id, decision=decision, reviewer=reviewer, note=note
     )
 
 
@@ -317,6 +346,7 @@ class Simulator:
             if call.phase == "awaiting_approval":
                 out += [
                     ev.ApprovalGranted(actor=REVIEWER, tool_call_id=cid),
+                    ev.ApprovalGranted(actor=OTHER, tool_call_id=cid),
                     ev.ApprovalRejected(actor=REVIEWER, tool_call_id=cid, reason="not now"),
                     ev.ApprovalExpired(tool_call_id=cid),
                 ]
@@ -330,6 +360,13 @@ class Simulator:
                     wait_started(
                         cid, f"{self.thread_id}.w{n}", wake_at=at(n + 5), timeout_at=at(n + 60)
                     ),
+                    outcome_unknown(cid, call.attempt),
+                ]
+            if call.phase == "unknown":
+                out += [
+                    reconciled(cid, "happened", note=f"done by hand {n}"),
+                    reconciled(cid, "retry"),
+                    reconciled(cid, "abandon"),
                 ]
             if call.phase == "waiting" and call.wait is not None:
                 wid = call.wait.wait_id
@@ -371,6 +408,9 @@ class Simulator:
             ev.ErrorRaised(message=f"failure {n}", kind="model"),
             ev.ApprovalRefused(
                 actor=OTHER, tool_call_id=cid, decision="approve", reason="not an approver"
+            ),
+            ev.ApprovalRefused(
+                actor=REQUESTER, tool_call_id=cid, decision="retry", reason="self-approval is off"
             ),
         ]
         if self.log:

@@ -1,0 +1,214 @@
+"""The runner under a policy file (issue 9): rules decide each call, quorum, a refused
+call, pinned definitions, and an outcome a person reconciles; SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine import events as ev
+from engine.config_file import PolicyRule
+from engine.inputs import Decider, decide_approval, decide_reconcile, finish_wait, post_user_message
+from engine.models.scripted import call, say
+from engine.policy import ApproverPolicy
+from engine.rules import Defaults, PolicySet
+from engine.runner import Runner
+from engine.store import Store, ThreadKey
+from tests.support.demo_tools import make_ruled_tools
+from tests.support.fakes import RecordingModel
+
+KEY = ThreadKey("T1", "C1", "1700000000.000100")
+ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
+OPEN = ApproverPolicy()
+HASH = "f" * 64
+POLICY = PolicySet(
+    rules=(
+        PolicyRule(tool="purge", policy="reject", reason="nothing is ever purged"),
+        PolicyRule(
+            tool="restart",
+            when={"properties": {"name": {"const": "db"}}},
+            policy="reject",
+            reason="the database is restarted by hand",
+        ),
+        PolicyRule(tool="restart", policy="approve_before_run", approvers=[BOB, CAROL], quorum=2),
+        PolicyRule(tool="gated_train", policy="approve_before_run", expires_in="2h"),
+        PolicyRule(tool="lookup", policy="run_now", channels=["C0OPS"]),
+    ),
+    defaults=Defaults(approvers=frozenset({BOB})),
+    policy_hash=HASH,
+)
+
+
+async def start(store: Store, text: str = "please help") -> str:
+    posted = await post_user_message(store, KEY, text=text, user=ALICE, dedupe_key="m1")
+    return posted.thread_id
+
+
+async def events(store: Store, tid: str) -> list[ev.AnyEvent]:
+    return list(await store.select_events(tid))
+
+
+def requested(log: list[ev.AnyEvent]) -> list[ev.ToolCallRequested]:
+    return [e for e in log if isinstance(e, ev.ToolCallRequested)]
+
+
+async def approve(store: Store, tid: str, call_id: str, who: str):
+    return await decide_approval(
+        store, tid, tool_call_id=call_id, decision="approve", policy=OPEN, decider=Decider(who)
+    )
+
+
+async def test_unconditionally_rejected_tools_are_not_offered(store):
+    model = RecordingModel([say("hi")])
+    tid = await start(store)
+    await Runner(store, model, make_ruled_tools(Counter()), policy=POLICY).run(tid)
+    [decision] = [e for e in await events(store, tid) if e.type == "model_decision"]
+    assert "purge" not in decision.tool_names  # type: ignore[union-attr]
+    assert "restart" in decision.tool_names  # type: ignore[union-attr]  # conditional: offered
+    names = [t["name"] for t in model.prompts[-1].tools]
+    assert "purge" not in names
+
+
+async def test_a_conditional_reject_closes_the_call_and_the_model_reads_why(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="db"), say("I will not")])
+    tid = await start(store)
+    state = await Runner(store, model, make_ruled_tools(effects), policy=POLICY).run(tid)
+    assert state.status == "idle" and effects["restart"] == 0
+    [req] = requested(await events(store, tid))
+    assert (req.policy, req.rule, req.reason) == ("reject", 1, "the database is restarted by hand")
+    assert req.policy_hash == HASH
+    assert "Not run: the policy refused it: the database is restarted by hand" in (
+        model.last_prompt_text()
+    )
+    assert '"is_error": true' in model.last_prompt_text()
+
+
+async def test_a_channel_the_rule_does_not_list_refuses_the_call(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("lookup", name="x"), say("not here")])
+    tid = await start(store)
+    await Runner(store, model, make_ruled_tools(effects), policy=POLICY).run(tid)
+    [req] = requested(await events(store, tid))
+    assert req.policy == "reject" and "<#C0OPS>" in req.reason and effects["lookup"] == 0
+
+
+async def test_a_quorum_of_two_runs_the_call_once_after_the_second_vote(store):
+    effects: Counter = Counter()
+    tools = make_ruled_tools(effects)
+    model = RecordingModel([call("restart", name="api"), say("restarted")])
+    runner = Runner(store, model, tools, policy=POLICY)
+    tid = await start(store)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_approval"
+    [req] = requested(await events(store, tid))
+    assert (req.rule, req.approvers, req.quorum, req.allow_self) == (2, (BOB, CAROL), 2, False)
+    assert req.idempotent is False
+    assert req.definition_hash == tools.get("restart").definition_hash  # type: ignore[union-attr]
+    cid = req.tool_call_id
+    assert (await approve(store, tid, cid, BOB)).event.type == "approval_granted"  # type: ignore[union-attr]
+    assert (await runner.run(tid)).status == "awaiting_approval" and effects["restart"] == 0
+    refused = await approve(store, tid, cid, ALICE)
+    assert refused.reason.startswith("you asked for this call")  # type: ignore[union-attr]
+    await approve(store, tid, cid, CAROL)
+    assert (await runner.run(tid)).status == "idle" and effects["restart"] == 1
+
+
+async def test_no_rule_matched_records_the_defaults_and_the_tools_own_policy(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("deploy", name="api"), say("ok")])
+    tid = await start(store)
+    await Runner(store, model, make_ruled_tools(effects), policy=POLICY).run(tid)
+    [req] = requested(await events(store, tid))
+    assert (req.policy, req.rule, req.approvers, req.quorum) == (
+        "approve_before_run",
+        None,
+        (BOB,),
+        1,
+    )
+    assert req.policy_hash == HASH and req.idempotent is True
+
+
+async def test_without_a_policy_the_call_records_no_reviewer_rule(store):
+    model = RecordingModel([call("deploy", name="api"), say("ok")])
+    tid = await start(store)
+    await Runner(store, model, make_ruled_tools(Counter())).run(tid)
+    [req] = requested(await events(store, tid))
+    assert (req.rule, req.policy_hash, req.approvers, req.allow_self) == (None, None, None, None)
+
+
+async def test_a_changed_definition_is_not_run_and_the_model_is_told(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("deploy", name="api"), say("it changed")])
+    tid = await start(store)
+    state = await Runner(store, model, make_ruled_tools(effects), policy=POLICY).run(tid)
+    await approve(store, tid, state.pending.tool_call_id, BOB)
+    changed = make_ruled_tools(effects)
+    changed.get("deploy").description = "Deploy a service, and also drop its database."  # type: ignore[union-attr]
+    await Runner(store, model, changed, policy=POLICY).run(tid)
+    assert effects["deploy"] == 0
+    [result] = [e for e in await events(store, tid) if e.type == "tool_result"]
+    assert result.error.startswith("the definition of deploy changed since it was approved")  # type: ignore[union-attr]
+    assert "the definition of deploy changed since it was approved" in model.last_prompt_text()
+
+
+async def test_a_waiting_tool_behind_an_approval_runs_then_waits(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("gated_train", name="m1"), say("trained")])
+    runner = Runner(store, model, make_ruled_tools(effects), policy=POLICY)
+    tid = await start(store)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_approval" and effects["gated_train"] == 0
+    asked = next(e for e in await events(store, tid) if e.type == "approval_requested")
+    assert round((asked.expires_at - asked.created_at).total_seconds()) == 7200  # type: ignore[union-attr]
+    await approve(store, tid, state.pending.tool_call_id, BOB)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_job" and effects["gated_train"] == 1
+    await finish_wait(store, tid, wait_id=state.pending.wait.wait_id, result={"acc": 0.9})
+    assert (await runner.run(tid)).status == "idle"
+    assert '"acc": 0.9' in model.last_prompt_text()
+
+
+async def test_outcome_unknown_waits_for_a_person_then_happened_is_the_result(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="lost"), say("noted")])
+    runner = Runner(store, model, make_ruled_tools(effects), policy=POLICY)
+    tid = await start(store)
+    cid = (await runner.run(tid)).pending.tool_call_id
+    await approve(store, tid, cid, BOB)
+    await approve(store, tid, cid, CAROL)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_reconcile" and effects["restart"] == 1
+    [unknown] = [e for e in await events(store, tid) if e.type == "tool_outcome_unknown"]
+    assert "connection dropped" in unknown.error  # type: ignore[union-attr]
+    assert (await runner.run(tid)).status == "awaiting_reconcile" and effects["restart"] == 1
+    done = await decide_reconcile(
+        store, tid, tool_call_id=cid, decider=Decider(CAROL), decision="happened",
+        note="api is up again", policy=OPEN,
+    )  # fmt: skip
+    assert done.event.type == "reconcile_decided"  # type: ignore[union-attr]
+    assert (await runner.run(tid)).status == "idle" and effects["restart"] == 1
+    assert f"<@{CAROL}> says it happened: api is up again" in model.last_prompt_text()
+
+
+async def test_outcome_unknown_then_retry_runs_it_once_more_with_the_same_key(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="lost"), say("noted")])
+    runner = Runner(store, model, make_ruled_tools(effects), policy=POLICY)
+    tid = await start(store)
+    cid = (await runner.run(tid)).pending.tool_call_id
+    await approve(store, tid, cid, BOB)
+    await approve(store, tid, cid, CAROL)
+    await runner.run(tid)
+    await decide_reconcile(
+        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="retry", policy=OPEN
+    )
+    state = await runner.run(tid)
+    assert effects["restart"] == 2
+    assert state.status == "awaiting_reconcile"  # "lost" loses its connection again
+    started = [e for e in await events(store, tid) if e.type == "tool_started"]
+    assert [e.attempt for e in started] == [1, 2]  # type: ignore[union-attr]
+    await decide_reconcile(
+        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="abandon", policy=OPEN
+    )
+    assert (await runner.run(tid)).status == "idle" and effects["restart"] == 2
+    assert f"Not run: <@{BOB}> says it did not happen" in model.last_prompt_text()
