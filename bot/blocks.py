@@ -40,7 +40,7 @@ from bot.limits import (
 )
 from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
 from engine import events as ev
-from engine.state import SaidSince, ThreadState
+from engine.state import PendingCall, SaidSince, ThreadState
 from engine.trace import summarize
 
 # Moved to bot.limits; still importable from here.
@@ -53,6 +53,8 @@ MAX_VIEW_BLOCKS = limits.MAX_VIEW_BLOCKS
 check_limits = limits.check_limits
 
 Outcome = Literal["approved", "rejected", "expired", "cancelled"]
+# What became of a call whose outcome was unknown, as its reconcile card says.
+ReconcileOutcome = Literal["happened", "retry", "abandon", "cancelled"]
 
 APPROVE_ACTION = "opsloop_approve"
 REJECT_ACTION = "opsloop_reject"
@@ -60,8 +62,15 @@ CANCEL_ACTION = "opsloop_cancel"
 REJECT_CALLBACK = "opsloop_reject_reason"
 REASON_BLOCK = REASON_ACTION = "reason"
 APPROVAL_BLOCK_PREFIX = "opsloop_approval:"
+HAPPENED_ACTION = "opsloop_reconcile_happened"  # opens the note modal
+RETRY_ACTION = "opsloop_reconcile_retry"
+ABANDON_ACTION = "opsloop_reconcile_abandon"
+NOTE_CALLBACK = "opsloop_reconcile_note"
+NOTE_BLOCK = NOTE_ACTION = "note"
+RECONCILE_BLOCK_PREFIX = "opsloop_reconcile:"
 
 REASON_MAX_LENGTH = 2000  # our limit on a reject reason
+NOTE_MAX_LENGTH = 2000  # our limit on a reconcile note
 
 LINE_EXCERPT = 300  # a compact line shows this much of arguments, outputs, errors
 CARD_ARGUMENTS = 2800
@@ -84,10 +93,26 @@ SHOWN_TYPES = frozenset(
     }
 )
 CARD_TYPES = frozenset(
-    {"approval_requested", "approval_granted", "approval_rejected", "approval_expired"}
+    {
+        "approval_requested",
+        "approval_granted",
+        "approval_rejected",
+        "approval_expired",
+        "tool_outcome_unknown",
+        "reconcile_decided",
+    }
 )
 # Statuses in which the thread can be cancelled (the reducer refuses it when "new").
-ACTIVE = frozenset({"running", "awaiting_approval", "awaiting_reply", "awaiting_job", "sleeping"})
+ACTIVE = frozenset(
+    {
+        "running",
+        "awaiting_approval",
+        "awaiting_reply",
+        "awaiting_job",
+        "awaiting_reconcile",
+        "sleeping",
+    }
+)
 
 
 class CallLike(Protocol):
@@ -211,6 +236,16 @@ def _tool(name: str, limit: int = 100) -> str:
 # --- the approval card ------------------------------------------------------------------
 
 
+class Votes(NamedTuple):
+    """The approvals a call has (distinct reviewers, in order) and how many it needs."""
+
+    by: tuple[str, ...] = ()
+    needed: int = 1
+
+
+NO_VOTES = Votes()
+
+
 def approval_card(
     *,
     thread_id: str,
@@ -221,42 +256,51 @@ def approval_card(
     arguments_hash: str | None = None,
     notes: Notes = NO_NOTES,
     people: People = frozenset(),
+    votes: Votes | None = None,
 ) -> list[Block]:
     """The card asking a reviewer to approve ``call``, bound to it by its arguments hash.
 
     ``arguments_hash`` defaults to ``call.arguments_hash`` (a ``PendingCall`` has it; a
     ``tool_call_requested`` event does not, so pass the ``approval_requested`` one).
     ``notes``: what people wrote since the card was posted, shown before the buttons.
-    ``people``: user ids named as mentions in the model's reason.
+    ``people``: user ids named as mentions in the model's reason. ``votes``: the
+    approvals so far (default: none, of the call's quorum); the card stays open, showing
+    them, until enough distinct reviewers approved.
     """
     args_hash = arguments_hash or getattr(call, "arguments_hash", "")
     if not args_hash:
         raise ValueError("an approval card needs the call's arguments hash")
+    votes = votes or Votes(needed=_quorum(call))
     value = binding_value(thread_id, call.tool_call_id, args_hash)
+    left = votes.needed - len(votes.by)
+    runs = (
+        f"opsloop runs {_tool(call.intent, 60)} with the arguments shown, "
+        f"as {mention(requester)} asked."
+        if left <= 1
+        else f"Your approval counts as one of the {votes.needed} that "
+        f"{_tool(call.intent, 60)} needs before it runs."
+    )
     approve = _button(
         "Approve",
         APPROVE_ACTION,
         value,
         "primary",
-        confirm=_confirm(
-            f"Run {md.one_line(call.intent)}?",
-            f"opsloop runs {_tool(call.intent, 60)} with the arguments shown, "
-            f"as {mention(requester)} asked.",
-            "Approve",
-            "Not yet",
-            "primary",
-        ),
+        confirm=_confirm(f"Run {md.one_line(call.intent)}?", runs, "Approve", "Not yet", "primary"),
     )
     actions = {
         "type": "actions",
         "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
         "elements": [approve, _button("Reject", REJECT_ACTION, value, "danger")],
     }
-    expiry = _context(f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}")
+    expiry = _context(
+        f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}",
+        *_policy_hash(call),
+    )
     body = _card_body(
         f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people
     )
-    return [*body, expiry, actions]
+    progress = [_section(progress_text(votes))] if votes.needed > 1 or votes.by else []
+    return [*body, *_rule_blocks(call), *progress, expiry, actions]
 
 
 _OUTCOME_TITLES: dict[str, str] = {
@@ -281,32 +325,107 @@ def decided_card(
     arguments_hash: str | None = None,
     notes: Notes = NO_NOTES,
     people: People = frozenset(),
+    votes: Votes = NO_VOTES,
 ) -> list[Block]:
     """The card after the decision: no buttons, and who decided what, when and why.
 
     Takes the inputs of :func:`approval_card` (``reason`` stays the model's stated
     reason, ``notes`` what people wrote while it was open) plus the outcome;
-    ``decision_reason`` is the reviewer's reject reason.
+    ``decision_reason`` is the reviewer's reject reason. ``votes``: the approvals it
+    had; an approved card names every approver (``by`` alone when there are none).
     """
     del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
     # Slack renders the date as "today at 6:25 PM" or "Dec 1st at 6:25 PM": no "at".
     when = date(at)
     if outcome == "approved":
-        line = f"✅ Approved by {mention(by)} {when}"
+        line = f"✅ Approved by {_people(votes.by or (by,))} {when}"
     elif outcome == "rejected":
         line = f"❌ Rejected by {mention(by)} {when}"
+        if votes.by:
+            line += f" (after approvals by {_people(votes.by)})"
         if decision_reason.strip():
             line += f" — {escape(decision_reason.strip())}"
     elif outcome == "expired":
         line = f"⌛ Expired {when}: nobody decided in time"
+        if votes.by:
+            line = f"⌛ Expired {when} with {progress_text(votes, icon='')}"
     else:
         line = f"🚫 Cancelled by {mention(by)} {when}" if by else f"🚫 Cancelled {when}"
     title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
     return [
         *_card_body(title, thread_id, requester, call, reason, notes, people),
-        _context(f"call {inline_code(call.tool_call_id)}"),
+        *_rule_blocks(call),
+        _context(f"call {inline_code(call.tool_call_id)}", *_policy_hash(call)),
         _section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
     ]
+
+
+# --- the rule that decided, and the quorum ----------------------------------------------
+
+MAX_NAMED = 20  # approvers (or voters) named on a card; the rest are counted
+
+
+def _quorum(call: CallLike) -> int:
+    return max(1, int(getattr(call, "quorum", 1) or 1))
+
+
+def approver_text(approver: str) -> str:
+    """One approver list entry as mrkdwn: a mention, a group mention, or the on-call."""
+    if approver.startswith("oncall:"):
+        return f"whoever is on call ({escape(approver.removeprefix('oncall:'))})"
+    if md.GROUP_ID.match(approver):
+        return md.group_mention(approver)
+    return mention(approver)
+
+
+def _people(ids: Sequence[str | None]) -> str:
+    named = [approver_text(i) if i else mention(i) for i in ids[:MAX_NAMED]]
+    more = len(ids) - len(named)
+    if more:
+        named.append(f"{more} more")
+    if len(named) <= 2:
+        return " and ".join(named)
+    return f"{', '.join(named[:-1])} and {named[-1]}"
+
+
+def rule_text(call: CallLike) -> str | None:
+    """ "rule 3: needs 2 of @sre": who may approve ``call`` under the rule that decided.
+
+    None for a call that records no rule and no reviewer rule (the process's approvers
+    decide, as before policy files)."""
+    rule: int | None = getattr(call, "rule", None)
+    approvers: Sequence[str] | None = getattr(call, "approvers", None)
+    quorum = _quorum(call)
+    if rule is None and approvers is None and quorum == 1:
+        return None
+    where = f"rule {rule + 1}" if rule is not None else "default approvers"
+    if approvers:
+        who = f"{quorum} of {_people(list(approvers))}"
+    else:
+        who = f"{quorum} approval{'s' if quorum > 1 else ''}, from anyone but the requester"
+    text = f"📜 {where}: needs {who}"
+    if getattr(call, "allow_self", None):
+        text += " (the requester may approve too)"
+    if approvers and any(a.startswith("oncall:") for a in approvers):
+        text += " · on-call lookups are not connected yet, so an on-call entry matches nobody"
+    return truncate(text, MAX_TEXT)
+
+
+def _rule_blocks(call: CallLike) -> list[Block]:
+    text = rule_text(call)
+    return [_context(text)] if text else []
+
+
+def _policy_hash(call: CallLike) -> list[str]:
+    digest = getattr(call, "policy_hash", None)
+    return [f"policy {inline_code(str(digest)[:12])}"] if digest else []
+
+
+def progress_text(votes: Votes, icon: str = "🗳️ ") -> str:
+    """ "1 of 2: @bob": the approvals so far."""
+    if not votes.by:
+        return f"{icon}0 of {votes.needed} approvals so far"
+    return f"{icon}{len(votes.by)} of {votes.needed}: {_people(votes.by)}"
 
 
 def _card_body(
@@ -353,6 +472,140 @@ def _notes_text(notes: Notes, people: People) -> str:
     return f"⚠️ {count} messages since this was posted; the latest, from {who}: “{quoted}”"
 
 
+# --- the reconcile card: a call whose outcome is unknown --------------------------------
+
+
+def reconcile_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    unknown: ev.ToolOutcomeUnknown,
+    arguments_hash: str,
+    people: People = frozenset(),
+) -> list[Block]:
+    """The card asking a person whether an interrupted call took effect.
+
+    Says what was running (the tool, its arguments), since when, what was observed, who
+    may decide, and offers **It happened** (a note modal), **Run it again** and **It
+    did not happen**, each bound to exactly this call by its arguments hash.
+    """
+    value = binding_value(thread_id, call.tool_call_id, arguments_hash)
+    tool = _tool(call.intent, 60)
+    retry = _button(
+        "Run it again",
+        RETRY_ACTION,
+        value,
+        "primary",
+        confirm=_confirm(
+            f"Run {md.one_line(call.intent)} again?",
+            f"If the first run did happen, {tool} may take effect twice "
+            "(it gets the same idempotency key).",
+            "Run it again",
+            "Not yet",
+            "primary",
+        ),
+    )
+    abandon = _button(
+        "It did not happen",
+        ABANDON_ACTION,
+        value,
+        "danger",
+        confirm=_confirm(
+            "It did not happen?",
+            f"opsloop does not run {tool} again; the model reads that it did not happen.",
+            "It did not happen",
+            "Not sure",
+            "danger",
+        ),
+    )
+    actions = {
+        "type": "actions",
+        "block_id": (RECONCILE_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
+        # Not styled: "It happened" is no more the default than the others.
+        "elements": [
+            {
+                "type": "button",
+                "text": _plain("It happened", MAX_BUTTON_TEXT),
+                "action_id": HAPPENED_ACTION,
+                "value": value,
+            },
+            retry,
+            abandon,
+        ],
+    }
+    return [
+        *_reconcile_body(f"Did it happen? {call.intent}", thread_id, requester, call, unknown),
+        *_rule_blocks(call),
+        _context(f"Attempt {unknown.attempt} · call {inline_code(call.tool_call_id)}"),
+        actions,
+    ]
+
+
+_RECONCILED: dict[str, tuple[str, str]] = {  # outcome -> (title, the line's verb)
+    "happened": ("It happened", "✅ {who} said it happened"),
+    "retry": ("Run again", "🔁 {who} asked to run it again"),
+    "abandon": ("It did not happen", "🚫 {who} said it did not happen"),
+    "cancelled": ("Cancelled", "🚫 Cancelled by {who}"),
+}
+
+
+def reconciled_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    unknown: ev.ToolOutcomeUnknown,
+    outcome: ReconcileOutcome,
+    by: str | None,
+    at: datetime,
+    note: str = "",
+) -> list[Block]:
+    """The reconcile card after a person decided: no buttons, who said what and when.
+    ``note``: what they wrote for "it happened" (the result the model reads)."""
+    title, verb = _RECONCILED[outcome]
+    line = f"{verb.format(who=mention(by))} {date(at)}"
+    if outcome == "cancelled" and not by:
+        line = f"🚫 Cancelled {date(at)}"
+    if note.strip():
+        line += f" — “{md.fence_safe(escape(note.strip()))}”"
+    return [
+        *_reconcile_body(f"{title}: {call.intent}", thread_id, requester, call, unknown),
+        _context(f"Attempt {unknown.attempt} · call {inline_code(call.tool_call_id)}"),
+        _section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
+    ]
+
+
+def _reconcile_body(
+    title: str,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    unknown: ev.ToolOutcomeUnknown,
+) -> list[Block]:
+    since = f" since {date(unknown.started_at)}" if unknown.started_at else ""
+    what = (
+        f"⚠️ {_tool(call.intent)} was running{since} when it was interrupted: opsloop "
+        "cannot tell whether it took effect, and does not run it again unless a person says so."
+    )
+    who = {
+        "type": "section",
+        "fields": [
+            _mrkdwn(f"*Requested by*\n{mention(requester)}", MAX_FIELD_TEXT),
+            _mrkdwn(f"*Tool*\n{_tool(call.intent)}", MAX_FIELD_TEXT),
+        ],
+    }
+    label = "*Arguments*\n"
+    arguments = md.code_block(
+        md.pretty_json(call.arguments), CARD_ARGUMENTS - len(label), md.trace_pointer(thread_id)
+    )
+    seen = []
+    if unknown.error.strip():
+        error = truncate(md.fence_safe(escape(unknown.error.strip())), 1000)
+        seen = [_section(f"*What was observed*\n{error}")]
+    return [_header(title), _section(what), who, _section(label + arguments), *seen]
+
+
 # --- one line per event -----------------------------------------------------------------
 
 
@@ -392,6 +645,10 @@ def _call_name(call_id: str | None, tool_name: str | None) -> str:
 def _tool_call(e: ev.ToolCallRequested, seen: _Seen) -> list[Block] | None:
     if e.policy == "approve_before_run":
         return None  # the approval card shows this call
+    if e.policy == "reject":  # a policy rule refused it; the model reads the reason
+        rule = f" by rule {e.rule + 1}" if e.rule is not None else ""
+        why = f": {_short(e.reason)}" if e.reason.strip() else ""
+        return [_context(f"🛑 {_tool(e.intent)} was refused{rule}{why}")]
     waits = " (waits for an external job)" if e.policy == "wait_for_external_event" else ""
     return [_context(f"🔧 {_tool(e.intent)} {_excerpt(e.arguments)}{waits}")]
 
@@ -505,15 +762,23 @@ def status_text(state: ThreadState, approvers: Sequence[str] = ()) -> str:
     call = state.pending
     status = state.status
     if status == "awaiting_approval" and call is not None:
-        who = ", ".join(_approver(a) for a in approvers[:10]) or "a reviewer"
+        who = _approvers_of(call, approvers) or "a reviewer"
         expires = f" (expires {date(call.expires_at)})" if call.expires_at else ""
-        return f"⏸️ Waiting for approval from {who} to run {_tool(call.intent)}{expires}"
+        quorum = _quorum(call)
+        done = f", {len(call.votes)} of {quorum} so far" if quorum > 1 else ""
+        return f"⏸️ Waiting for approval from {who} to run {_tool(call.intent)}{expires}{done}"
     if status == "awaiting_reply":
         return f"💬 Waiting for your reply, {mention(state.requester)}: answer in this thread"
     if status == "awaiting_job" and call is not None and call.wait is not None:
         return (
             f"⏳ Waiting for job: {_short(call.wait.description, 500)} "
             f"(gives up {date(call.wait.timeout_at)})"
+        )
+    if status == "awaiting_reconcile" and call is not None:
+        who = _approvers_of(call, approvers) or "someone"
+        return (
+            f"❓ {_tool(call.intent)} was interrupted: waiting for {who} to say whether it "
+            "happened (see the card)"
         )
     if status == "sleeping" and state.wake_at is not None:
         return f"🔁 Retrying {date(state.wake_at)}"
@@ -535,11 +800,14 @@ _STATUS_TEXT = {
     "sleeping": "🔁 Retrying soon",
     "awaiting_approval": "⏸️ Waiting for approval",
     "awaiting_job": "⏳ Waiting for a job",
+    "awaiting_reconcile": "❓ Waiting for a person to say whether a call happened",
 }
 
 
-def _approver(approver: str) -> str:
-    return md.group_mention(approver) if approver.startswith("S") else mention(approver)
+def _approvers_of(call: PendingCall, process: Sequence[str]) -> str:
+    """Who may decide ``call``: its recorded approvers, else the process's."""
+    named = list(call.approvers if call.approvers is not None else process)
+    return ", ".join(approver_text(a) for a in named[:10])
 
 
 def status_message(
@@ -595,6 +863,37 @@ def reject_modal(
                     "multiline": True,
                     "max_length": REASON_MAX_LENGTH,
                     "placeholder": _plain("What should it do instead?", MAX_PLACEHOLDER),
+                },
+            },
+        ],
+    }
+
+
+def note_modal(
+    *, thread_id: str, tool_call_id: str, arguments_hash: str, tool_name: str
+) -> dict[str, Any]:
+    """The ``views.open`` modal for **It happened**: an optional note, the result the
+    model reads (without one, "a person confirmed it happened")."""
+    return {
+        "type": "modal",
+        "callback_id": NOTE_CALLBACK,
+        "private_metadata": binding_value(thread_id, tool_call_id, arguments_hash),
+        "title": _plain("It happened", MAX_VIEW_TITLE),
+        "submit": _plain("It happened", MAX_VIEW_TITLE),
+        "close": _plain("Cancel", MAX_VIEW_TITLE),
+        "blocks": [
+            _section(f"{_tool(tool_name)} took effect? The model reads your note as its result."),
+            {
+                "type": "input",
+                "block_id": NOTE_BLOCK,
+                "optional": True,
+                "label": _plain("What happened", MAX_INPUT_LABEL),
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": NOTE_ACTION,
+                    "multiline": True,
+                    "max_length": NOTE_MAX_LENGTH,
+                    "placeholder": _plain("e.g. the service restarted at 10:02", MAX_PLACEHOLDER),
                 },
             },
         ],

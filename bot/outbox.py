@@ -16,7 +16,12 @@ updated in place, last, when that differs from what the whole log says.
 
 A message a person writes while a card is open updates the card in place (it shows
 what was written since it was posted, so the reviewer reads it before clicking); that
-update's receipt names the message and carries the card's ts.
+update's receipt names the message and carries the card's ts. So does a vote that does
+not meet the call's quorum yet: the open card then shows "1 of 2: @bob".
+
+A ``tool_outcome_unknown`` posts the reconcile card (its buttons bound to the call by
+its arguments hash), updated in place by the ``reconcile_decided`` (or cancellation)
+that closes it.
 
 Pure: no I/O here.
 """
@@ -30,6 +35,7 @@ from typing import Any, Literal
 from bot import blocks as bk
 from bot.mrkdwn import USER_ID
 from engine import events as ev
+from engine.policy import arguments_hash
 from engine.state import ThreadState, apply
 
 METADATA_TYPE = "opsloop_event"
@@ -40,6 +46,7 @@ _OUTCOMES: dict[str, bk.Outcome] = {
     "approval_expired": "expired",
     "thread_cancelled": "cancelled",
 }
+Card = ev.ApprovalRequested | ev.ToolOutcomeUnknown  # the event a card's metadata names
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,12 @@ class Outbound:
     """One thing to show: a new message (``post``), or the card ``card`` to ``update``.
 
     ``event`` is what the receipt names (``shows_event_id``); ``call`` is the tool call
-    of a card or of a line; ``card_ts`` is empty while the card is not posted yet.
-    ``notes``: what people wrote while the card was open, up to ``event`` (an update
-    for a ``user_message`` shows the open card with them). ``people``: the user ids of
-    the thread so far, named as mentions in what the model wrote.
+    of a card or of a line; ``card`` the ``approval_requested`` of an approval card or
+    the ``tool_outcome_unknown`` of a reconcile card; ``card_ts`` is empty while the
+    card is not posted yet. ``notes``: what people wrote while the card was open, up to
+    ``event``; ``votes``: its approvals so far; ``still_open``: the update shows the card
+    still open (for a ``user_message``, or a vote short of the quorum). ``people``: the
+    user ids of the thread so far, named as mentions in what the model wrote.
 
     With ``status`` set, the message is the thread's status message instead: posted for
     the first ``user_message`` (``event``), or updated at ``card_ts`` for ``event``, the
@@ -75,11 +84,13 @@ class Outbound:
     event: ev.AnyEvent
     requester: str | None = None
     call: ev.ToolCallRequested | None = None
-    card: ev.ApprovalRequested | None = None
+    card: Card | None = None
     card_ts: str = ""
     status: StatusView | None = None
     notes: bk.Notes = bk.NO_NOTES
     people: frozenset[str] = frozenset()
+    votes: bk.Votes = bk.NO_VOTES
+    still_open: bool = False
 
 
 def pending_deliveries(
@@ -105,50 +116,92 @@ def pending_deliveries(
     requester = first.actor if first is not None else None
     calls: dict[str, ev.ToolCallRequested] = {}
     cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
-    noted: dict[str, Outbound] = {}  # open cards' latest undelivered update for a message
+    checks: dict[str, tuple[ev.ToolOutcomeUnknown, str]] = {}  # open reconcile cards, alike
+    noted: dict[str, Outbound] = {}  # open cards' latest undelivered update (a note, a vote)
     people: frozenset[str] = frozenset()
     state = ThreadState()
+
+    def still_open(e: ev.AnyEvent, cid: str, shown: list[str]) -> None:
+        """The open card of ``cid`` shows what ``e`` changed: the latest such update
+        stands for the earlier ones (it shows them too)."""
+        card, ts = cards[cid]
+        if (stale := noted.pop(cid, None)) is not None:
+            out.remove(stale)
+        if not ts or ts not in shown:
+            noted[cid] = Outbound(
+                "update",
+                e,
+                requester,
+                calls[cid],
+                card,
+                ts,
+                notes=_notes(state, cid),
+                people=people,
+                votes=_votes(state, cid),
+                still_open=True,
+            )
+            out.append(noted[cid])
+
     for e in events:
         before, state = state, apply(state, e)
         if USER_ID.match(e.actor) and e.actor not in people:
             people = people | {e.actor}
         shown = [ts for ts in receipts.get(e.event_id, ()) if not (ts and ts == status_ts)]
+        cid = getattr(e, "tool_call_id", None) or ""
         if isinstance(e, ev.ToolCallRequested):
             calls[e.tool_call_id] = e
-        elif isinstance(e, ev.ApprovalRequested) and e.tool_call_id in calls:
+        elif isinstance(e, ev.ApprovalRequested | ev.ToolOutcomeUnknown) and cid in calls:
             if not shown:
-                out.append(Outbound("post", e, requester, calls[e.tool_call_id], people=people))
-            cards[e.tool_call_id] = (e, shown[0] if shown else "")
+                out.append(Outbound("post", e, requester, calls[cid], people=people))
+            if isinstance(e, ev.ApprovalRequested):
+                cards[cid] = (e, shown[0] if shown else "")
+            else:
+                checks[cid] = (e, shown[0] if shown else "")
             continue
         elif isinstance(e, ev.UserMessage):
-            for cid, (card, ts) in cards.items():
-                # The latest message's update shows the earlier ones too.
-                if (stale := noted.pop(cid, None)) is not None:
-                    out = [o for o in out if o is not stale]
-                notes = _notes(state, cid)
-                if notes.latest and (not ts or ts not in shown):
-                    noted[cid] = Outbound(
-                        "update", e, requester, calls[cid], card, ts, notes=notes, people=people
-                    )
-                    out.append(noted[cid])
+            for open_cid in list(cards):
+                if _notes(state, open_cid).latest:
+                    still_open(e, open_cid, shown)
+        elif isinstance(e, ev.ApprovalGranted) and cid in cards and _awaits_votes(state, cid):
+            still_open(e, cid, shown)  # a vote short of the quorum
+            continue
         closing: list[tuple[ev.ApprovalRequested, str]] = []
+        settled: list[tuple[ev.ToolOutcomeUnknown, str]] = []
         if e.type == "thread_cancelled":
             closing, cards = list(cards.values()), {}
-        elif e.type in _OUTCOMES and (card := cards.pop(getattr(e, "tool_call_id", ""), None)):
-            closing = [card]
+            settled, checks = list(checks.values()), {}
+        elif e.type in _OUTCOMES and (open_card := cards.pop(cid, None)):
+            closing = [open_card]
+        elif e.type == "reconcile_decided" and (open_check := checks.pop(cid, None)):
+            settled = [open_check]
         for card, ts in closing:
             if (stale := noted.pop(card.tool_call_id, None)) is not None:
-                out = [o for o in out if o is not stale]  # the decided card shows them too
+                out.remove(stale)  # the decided card shows them too
             if not ts or ts not in shown:
                 call = calls[card.tool_call_id]
                 notes = _notes(before, card.tool_call_id)
+                # The votes the card had, and the one that met the quorum.
+                votes = _votes(state if e.type == "approval_granted" else before, call.tool_call_id)
                 out.append(
-                    Outbound("update", e, requester, call, card, ts, notes=notes, people=people)
+                    Outbound(
+                        "update",
+                        e,
+                        requester,
+                        call,
+                        card,
+                        ts,
+                        notes=notes,
+                        people=people,
+                        votes=votes,
+                    )
                 )
-        card_ts = {ts for _, ts in closing}
+        for check, ts in settled:
+            if not ts or ts not in shown:
+                call = calls[check.tool_call_id]
+                out.append(Outbound("update", e, requester, call, check, ts, people=people))
+        card_ts = {ts for _, ts in closing} | {ts for _, ts in settled}
         if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
-            call = calls.get(getattr(e, "tool_call_id", None) or "")
-            out.append(Outbound("post", e, requester, call, people=people))
+            out.append(Outbound("post", e, requester, calls.get(cid), people=people))
     if first is not None and (status := _status(events, first, status_ts, receipts, approvers)):
         if status.kind == "post":
             out.insert(0, status)
@@ -198,6 +251,19 @@ def _notes(state: ThreadState, call_id: str) -> bk.Notes:
     return bk.Notes(call.said_since, call.said_since_count)
 
 
+def _votes(state: ThreadState, call_id: str) -> bk.Votes:
+    """The approvals of ``call_id`` as ``state`` has them (none once it is closed)."""
+    call = state.pending
+    if call is None or call.tool_call_id != call_id:
+        return bk.NO_VOTES
+    return bk.Votes(call.votes, call.quorum)
+
+
+def _awaits_votes(state: ThreadState, call_id: str) -> bool:
+    call = state.pending
+    return call is not None and call.tool_call_id == call_id and call.phase == "awaiting_approval"
+
+
 def _has_line(e: ev.AnyEvent) -> bool:
     if isinstance(e, ev.ToolCallRequested):
         return e.policy != "approve_before_run"  # its approval card shows it
@@ -210,11 +276,13 @@ def render(item: Outbound) -> list[bk.Block]:
     if item.status is not None:
         view = item.status
         return bk.status_message(view.state, e.thread_id, approvers=view.approvers)
-    if item.kind == "update" and isinstance(e, ev.UserMessage):  # the open card, noted
-        assert item.card is not None and item.call is not None
+    if isinstance(item.card, ev.ToolOutcomeUnknown) or isinstance(e, ev.ToolOutcomeUnknown):
+        return _reconcile(item)
+    if item.kind == "update" and item.still_open:  # the open card, noted or voted on
+        assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
         return _open_card(item, item.card)
     if item.kind == "update":
-        assert item.card is not None and item.call is not None
+        assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
         by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
         return bk.decided_card(
             thread_id=e.thread_id,
@@ -228,6 +296,7 @@ def render(item: Outbound) -> list[bk.Block]:
             decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
             notes=item.notes,
             people=item.people,
+            votes=item.votes,
         )
     if isinstance(e, ev.ApprovalRequested):
         return _open_card(item, e)
@@ -246,6 +315,35 @@ def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[bk.Block]:
         arguments_hash=card.arguments_hash,
         notes=item.notes,
         people=item.people,
+        votes=item.votes if item.votes.by else None,
+    )
+
+
+def _reconcile(item: Outbound) -> list[bk.Block]:
+    """The reconcile card, open (posted for ``tool_outcome_unknown``) or settled."""
+    call, e = item.call, item.event
+    assert call is not None
+    if item.kind == "post":
+        assert isinstance(e, ev.ToolOutcomeUnknown)
+        return bk.reconcile_card(
+            thread_id=e.thread_id,
+            requester=item.requester,
+            call=call,
+            unknown=e,
+            arguments_hash=arguments_hash(call.intent, call.arguments),
+            people=item.people,
+        )
+    assert isinstance(item.card, ev.ToolOutcomeUnknown)
+    decided = e if isinstance(e, ev.ReconcileDecided) else None
+    return bk.reconciled_card(
+        thread_id=e.thread_id,
+        requester=item.requester,
+        call=call,
+        unknown=item.card,
+        outcome=decided.decision if decided else "cancelled",
+        by=decided.reviewer if decided else (None if e.actor == "system" else e.actor),
+        at=e.created_at,
+        note=decided.note if decided else "",
     )
 
 

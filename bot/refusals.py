@@ -83,8 +83,9 @@ def told_privately(listener: Listener, notify: Notify) -> Listener:
     return click
 
 
-def shown_in_modal(listener: Listener) -> Listener:
-    """``listener`` for a modal: a refusal keeps it open, the reason under its field."""
+def shown_in_modal(listener: Listener, field: str = REASON_BLOCK) -> Listener:
+    """``listener`` for a modal: a refusal keeps it open, the reason under its input
+    block ``field`` (the reject modal's reason, the reconcile modal's note)."""
 
     async def submission(
         ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
@@ -93,7 +94,7 @@ def shown_in_modal(listener: Listener) -> Listener:
             await listener(ack, body, client, context)
         except (Refusal, ThreadNotFound, ReviewerLookupError) as exc:
             why = INVALID_FORM if isinstance(exc, ThreadNotFound) else _why(exc, plain=True)
-            await ack(response_action="errors", errors={REASON_BLOCK: plain(why)})
+            await ack(response_action="errors", errors={field: plain(why)})
 
     submission.__name__ = listener.__name__
     return submission

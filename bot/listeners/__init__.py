@@ -16,8 +16,18 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from bot.blocks import APPROVE_ACTION, CANCEL_ACTION, REJECT_ACTION, REJECT_CALLBACK
-from bot.listeners import approvals, commands, messages
+from bot.blocks import (
+    ABANDON_ACTION,
+    APPROVE_ACTION,
+    CANCEL_ACTION,
+    HAPPENED_ACTION,
+    NOTE_BLOCK,
+    NOTE_CALLBACK,
+    REJECT_ACTION,
+    REJECT_CALLBACK,
+    RETRY_ACTION,
+)
+from bot.listeners import approvals, commands, messages, reconcile
 from bot.listeners.deps import CONTEXT_KEY, Deps
 from bot.refusals import shown_in_modal, told_privately
 
@@ -45,6 +55,10 @@ def register(app: AsyncApp, deps: Deps) -> None:
     app.action(REJECT_ACTION)(told_privately(approvals.on_reject, deps.notify))
     app.action(CANCEL_ACTION)(told_privately(approvals.on_cancel, deps.notify))
     app.view(REJECT_CALLBACK)(shown_in_modal(approvals.on_reject_submitted))
+    app.action(HAPPENED_ACTION)(told_privately(reconcile.on_happened, deps.notify))
+    app.action(RETRY_ACTION)(told_privately(reconcile.on_retry, deps.notify))
+    app.action(ABANDON_ACTION)(told_privately(reconcile.on_abandon, deps.notify))
+    app.view(NOTE_CALLBACK)(shown_in_modal(reconcile.on_note_submitted, NOTE_BLOCK))
     app.command(re.compile(r"^/"))(commands.on_command)
     # Everything else: a deliberate 2xx.
     app.event(ANY)(ignore)

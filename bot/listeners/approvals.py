@@ -7,7 +7,7 @@ as :class:`~bot.refusals.Refusal` and told by the wrapper it is registered with.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
@@ -17,6 +17,7 @@ from bot import payloads as p
 from bot.blocks import REASON_ACTION, REASON_BLOCK, Binding, parse_binding, reject_modal
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
+from engine import events as ev
 from engine.errors import ThreadNotFound
 from engine.inputs import Accepted, Decider, Refused, cancel, check_decision, decide_approval
 
@@ -24,12 +25,12 @@ from engine.inputs import Accepted, Decider, Refused, cancel, check_decision, de
 async def on_approve(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
-    d, clicked = Deps.of(context), _click(body)
-    binding = _binding(clicked.value, INVALID_BUTTON)
+    d, clicked = Deps.of(context), click_of(body)
+    binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
     result = await _decide(d, binding, decider, "approve", f"click:{clicked.action_ts}")
     await ack()
-    _accepted(d, result)
+    accepted(d, result)
 
 
 async def on_reject(
@@ -37,8 +38,8 @@ async def on_reject(
 ) -> None:
     """Opens the reason modal, storing nothing, when the clicker may reject the card;
     otherwise the refusal is recorded now and no modal opens."""
-    d, clicked = Deps.of(context), _click(body)
-    binding = _binding(clicked.value, INVALID_BUTTON)
+    d, clicked = Deps.of(context), click_of(body)
+    binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
     checked = await check_decision(
         d.store,
@@ -69,18 +70,18 @@ async def on_reject_submitted(
     d, submitted = Deps.of(context), p.parse_submission(body)
     if isinstance(submitted, str):
         raise Refusal(INVALID_FORM)
-    binding = _binding(submitted.private_metadata, INVALID_FORM)
+    binding = binding_of(submitted.private_metadata, INVALID_FORM)
     decider = await d.decider(submitted.user, submitted.org)
     reason = p.view_value(body.get("view") or {}, REASON_BLOCK, REASON_ACTION)
     result = await _decide(d, binding, decider, "reject", f"view:{submitted.view_id}", reason)
     await ack()  # closes the modal
-    _accepted(d, result)
+    accepted(d, result)
 
 
 async def on_cancel(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
-    d, clicked = Deps.of(context), _click(body)
+    d, clicked = Deps.of(context), click_of(body)
     thread_id = clicked.value.strip()
     dedupe_key = f"click:{clicked.action_ts}"
     if not thread_id:
@@ -95,22 +96,21 @@ async def on_cancel(
         thread_id,
         by=decider.user,
         policy=d.approvers,
-        user_groups=decider.groups,
-        org=decider.org,
+        decider=decider,
         dedupe_key=dedupe_key,
     )
     await ack()
-    _accepted(d, result)
+    accepted(d, result)
 
 
-def _click(body: dict[str, Any]) -> p.Click:
+def click_of(body: dict[str, Any]) -> p.Click:
     clicked = p.parse_click(body)
     if isinstance(clicked, str):
         raise Refusal(INVALID_BUTTON)
     return clicked
 
 
-def _binding(value: str, invalid: str) -> Binding:
+def binding_of(value: str, invalid: str) -> Binding:
     try:
         return parse_binding(value)
     except ValueError:
@@ -121,7 +121,7 @@ async def _decide(
     d: Deps,
     binding: Binding,
     decider: Decider,
-    decision: Literal["approve", "reject"],
+    decision: ev.ApprovalDecision,
     dedupe_key: str,
     reason: str = "",
 ) -> Accepted:
@@ -130,13 +130,11 @@ async def _decide(
         d.store,
         binding.thread_id,
         tool_call_id=binding.tool_call_id,
-        reviewer=decider.user,
         decision=decision,
         policy=d.approvers,
         reason=reason,
         arguments_hash=binding.arguments_hash,
-        reviewer_groups=decider.groups,
-        org=decider.org,
+        decider=decider,
         dedupe_key=dedupe_key,
     )
     if isinstance(result, Refused):
@@ -144,7 +142,7 @@ async def _decide(
     return result
 
 
-def _accepted(d: Deps, result: Accepted | Refused) -> None:
+def accepted(d: Deps, result: Accepted | Refused) -> None:
     if isinstance(result, Refused):
         raise Refusal.because(result.reason)
     d.wake(result.thread_id)

@@ -111,8 +111,16 @@ class Deps:
         return await self.groups.groups_of(user, self.approvers.groups)
 
     async def decider(self, user: str, org: Org) -> Decider:
-        """``ReviewerLookupError`` when the groups cannot be read."""
-        return Decider(user, await self.reviewer_groups(user), org)
+        """Who clicks; the engine asks ``resolve`` for exactly the groups of the call's
+        reviewer rule (a rule's, or the process's), and only when that can matter. A
+        lookup that fails raises ``ReviewerLookupError``: the refusal says "try again"."""
+
+        async def resolve(groups: frozenset[str]) -> frozenset[str]:
+            if self.groups is None:
+                return frozenset()
+            return await self.groups.groups_of(user, groups)
+
+        return Decider(user, frozenset(), org, resolve=resolve)
 
     def notify(
         self, client: AsyncWebClient, _context: AsyncBoltContext, body: dict[str, Any], text: str

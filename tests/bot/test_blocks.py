@@ -118,6 +118,11 @@ def statuses(text: str = EVIL, intent: str = "refund_customer") -> list[ThreadSt
         state("new"),
         state("running"),
         state("awaiting_approval", pending=pending(intent=intent)),
+        state(
+            "awaiting_approval",
+            pending=pending(intent=intent, approvers=("S0GROUP01",), quorum=2, votes=(REVIEWER,)),
+        ),
+        state("awaiting_reconcile", pending=pending("unknown", intent=intent)),
         state("awaiting_reply"),
         state("awaiting_job", pending=pending("waiting", intent=intent, wait=wait_info(text))),
         state("sleeping", pending=pending("retry_wait", retry_at=LATER)),
@@ -177,6 +182,48 @@ def every_rendering(
         b.reject_modal(
             thread_id=THREAD, tool_call_id=CALL_ID, arguments_hash=HASH, tool_name=intent
         ),
+    )
+    refused = requested(
+        intent, {"x": text} if args is None else args, policy="reject", rule=1, reason=text
+    )
+    yield "event_line[tool_call_requested, reject]", b.event_line(refused) or []
+    ruled = inputs | {"call": ruled_call(text, intent, args)}
+    votes = b.Votes((REVIEWER, f"U{text}"), 3)
+    yield "approval_card[rule, votes]", b.approval_card(**ruled, votes=votes)
+    for outcome in ("approved", "rejected", "expired"):
+        yield (
+            f"decided_card[rule, votes, {outcome}]",
+            b.decided_card(**ruled, outcome=outcome, by=REVIEWER, at=NOW, votes=votes),
+        )
+    unknown = outcome_unknown(text)
+    recon = {"thread_id": THREAD, "requester": REQUESTER, "call": ruled["call"], "unknown": unknown}
+    yield "reconcile_card", b.reconcile_card(**recon, arguments_hash=HASH)
+    for decided in ("happened", "retry", "abandon", "cancelled"):
+        yield (
+            f"reconciled_card[{decided}]",
+            b.reconciled_card(**recon, outcome=decided, by=REVIEWER, at=NOW, note=text),
+        )
+    yield (
+        "note_modal",
+        b.note_modal(thread_id=THREAD, tool_call_id=CALL_ID, arguments_hash=HASH, tool_name=intent),
+    )
+
+
+def ruled_call(text: str = EVIL, intent: str = "deploy", args: Any = None) -> ev.ToolCallRequested:
+    """A call decided by rule 3 of a policy file: 2 of a user, a group and the on-call."""
+    return requested(
+        intent,
+        {"x": text} if args is None else args,
+        rule=2,
+        approvers=(REVIEWER, "S0GROUP01", f"oncall:{text}"),
+        quorum=2,
+        policy_hash="ab" * 32,
+    )
+
+
+def outcome_unknown(error: str = "connection lost") -> ev.ToolOutcomeUnknown:
+    return ev.ToolOutcomeUnknown(
+        thread_id=THREAD, tool_call_id=CALL_ID, attempt=1, started_at=NOW, error=error
     )
 
 
@@ -870,3 +917,174 @@ def test_rendering_modules_do_no_io_and_import_no_slack_library() -> None:
     }
     assert not roots & forbidden, sorted(roots & forbidden)
     assert not loaded & {"engine.store", "engine.runner", "bot.cli"}
+
+
+# --- rules, quorum and the reconcile card (issue 9) ---------------------------------------
+
+
+def all_text(blocks: list[dict[str, Any]]) -> str:
+    return "\n".join(text_objects(blocks))
+
+
+def test_the_card_names_the_rule_that_decided_and_who_may_approve() -> None:
+    call = requested("deploy", rule=2, approvers=(REVIEWER, "S0GROUP01"), quorum=2)
+    assert b.rule_text(call) == f"📜 rule 3: needs 2 of <@{REVIEWER}> and <!subteam^S0GROUP01>"
+    anyone = requested("deploy", rule=0, approvers=(), quorum=1)
+    assert b.rule_text(anyone) == "📜 rule 1: needs 1 approval, from anyone but the requester"
+    oncall = requested("deploy", rule=4, approvers=("oncall:PXYZ123",), allow_self=True)
+    text = b.rule_text(oncall) or ""
+    assert text.startswith("📜 rule 5: needs 1 of whoever is on call (PXYZ123)")
+    assert "(the requester may approve too)" in text
+    assert "not connected yet" in text  # an on-call entry matches nobody for now
+    # A call from before policy files shows no rule line.
+    assert b.rule_text(requested()) is None
+    assert "📜" not in all_text(b.approval_card(**card_inputs()))
+
+
+def test_an_open_quorum_card_shows_its_progress_and_the_policy_hash() -> None:
+    inputs = card_inputs() | {"call": ruled_call("x", "deploy", {"env": "production"})}
+    fresh = b.approval_card(**inputs)
+    assert "🗳️ 0 of 2 approvals so far" in all_text(fresh)
+    voted = b.approval_card(**inputs, votes=b.Votes((REVIEWER,), 2))
+    text = all_text(voted)
+    assert f"🗳️ 1 of 2: <@{REVIEWER}>" in text
+    assert "rule 3: needs 2 of" in text
+    assert f"policy `{'ab' * 6}`" in text
+    assert voted[-1]["type"] == "actions"  # still open: the buttons stay
+    confirm = voted[-1]["elements"][0]["confirm"]["text"]["text"]
+    assert confirm.startswith("opsloop runs")  # this vote is the last one needed
+    assert "one of the 2" in fresh[-1]["elements"][0]["confirm"]["text"]["text"]
+    assert b.check_limits(voted) == []
+
+
+def test_the_approved_quorum_card_names_every_approver() -> None:
+    inputs = card_inputs() | {"call": ruled_call("x")}
+    carol = "U0CAROL001"
+    blocks = b.decided_card(
+        **inputs, outcome="approved", by=carol, at=NOW, votes=b.Votes((REVIEWER, carol), 2)
+    )
+    assert blocks[-1]["text"]["text"].startswith(
+        f"✅ Approved by <@{REVIEWER}> and <@{carol}> <!date^"
+    )
+    assert all(blk["type"] != "actions" for blk in blocks)
+    rejected = b.decided_card(
+        **inputs, outcome="rejected", by=carol, at=NOW, votes=b.Votes((REVIEWER,), 2)
+    )
+    assert f"(after approvals by <@{REVIEWER}>)" in rejected[-1]["text"]["text"]
+
+
+def test_the_reconcile_card_says_what_was_running_since_when_and_offers_three_buttons() -> None:
+    call = requested("restart", {"service": "api"})
+    blocks = b.reconcile_card(
+        thread_id=THREAD,
+        requester=REQUESTER,
+        call=call,
+        unknown=outcome_unknown("connection lost after the request went out"),
+        arguments_hash=HASH,
+    )
+    text = all_text(blocks)
+    assert blocks[0]["text"]["text"] == "Did it happen? restart"
+    assert f"*restart* was running since {md.date(NOW)} when it was interrupted" in text
+    assert '"service": "api"' in text
+    assert "*What was observed*\nconnection lost after the request went out" in text
+    assert "Attempt 1" in text
+    actions = blocks[-1]
+    assert actions["block_id"] == f"opsloop_reconcile:{CALL_ID}"
+    happened, retry, abandon = actions["elements"]
+    assert [e["action_id"] for e in actions["elements"]] == [
+        b.HAPPENED_ACTION,
+        b.RETRY_ACTION,
+        b.ABANDON_ACTION,
+    ]
+    assert [e["text"]["text"] for e in actions["elements"]] == [
+        "It happened",
+        "Run it again",
+        "It did not happen",
+    ]
+    assert "confirm" not in happened  # it opens the note modal
+    assert "may take effect twice" in retry["confirm"]["text"]["text"]
+    assert abandon["style"] == "danger"
+    for button in actions["elements"]:
+        assert b.parse_binding(button["value"]) == b.Binding(THREAD, CALL_ID, HASH)
+    assert b.check_limits(blocks) == []
+
+
+def test_a_reconcile_card_without_an_error_or_start_time_says_less() -> None:
+    unknown = ev.ToolOutcomeUnknown(thread_id=THREAD, tool_call_id=CALL_ID, attempt=2)
+    blocks = b.reconcile_card(
+        thread_id=THREAD,
+        requester=REQUESTER,
+        call=requested(),
+        unknown=unknown,
+        arguments_hash=HASH,
+    )
+    text = all_text(blocks)
+    assert "What was observed" not in text and " since " not in text
+    assert "Attempt 2" in text
+
+
+@pytest.mark.parametrize(
+    ("outcome", "title", "line"),
+    [
+        ("happened", "It happened", f"✅ <@{REVIEWER}> said it happened"),
+        ("retry", "Run again", f"🔁 <@{REVIEWER}> asked to run it again"),
+        ("abandon", "It did not happen", f"🚫 <@{REVIEWER}> said it did not happen"),
+        ("cancelled", "Cancelled", f"🚫 Cancelled by <@{REVIEWER}>"),
+    ],
+)
+def test_the_decided_reconcile_card_names_who_decided_what(
+    outcome: str, title: str, line: str
+) -> None:
+    blocks = b.reconciled_card(
+        thread_id=THREAD,
+        requester=REQUESTER,
+        call=requested(),
+        unknown=outcome_unknown(),
+        outcome=outcome,  # type: ignore[arg-type]
+        by=REVIEWER,
+        at=NOW,
+        note="restarted at 10:02 <!here>" if outcome == "happened" else "",
+    )
+    assert blocks[0]["text"]["text"] == f"{title}: refund_customer"
+    last = blocks[-1]["text"]["text"]
+    assert last.startswith(f"{line} {md.date(NOW)}")
+    if outcome == "happened":
+        assert last.endswith("— “restarted at 10:02 &lt;!here&gt;”")
+    assert all(blk["type"] != "actions" for blk in blocks)
+
+
+def test_the_note_modal() -> None:
+    view = b.note_modal(
+        thread_id=THREAD, tool_call_id=CALL_ID, arguments_hash=HASH, tool_name="restart"
+    )
+    assert view["callback_id"] == b.NOTE_CALLBACK
+    assert b.parse_binding(view["private_metadata"]) == b.Binding(THREAD, CALL_ID, HASH)
+    [intro, note] = view["blocks"]
+    assert "The model reads your note" in intro["text"]["text"]
+    assert (note["block_id"], note["element"]["action_id"]) == (b.NOTE_BLOCK, b.NOTE_ACTION)
+    assert note["optional"] is True
+    assert b.check_limits(view) == []
+
+
+def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> None:
+    unknown = state("awaiting_reconcile", pending=pending("unknown", intent="restart"))
+    text = b.status_text(unknown, [REVIEWER])
+    assert text.startswith("❓ *restart* was interrupted: waiting for")
+    assert f"<@{REVIEWER}>" in text
+    quorum = state(
+        "awaiting_approval",
+        pending=pending(approvers=("S0GROUP01",), quorum=2, votes=(REVIEWER,)),
+    )
+    text = b.status_text(quorum, [REVIEWER])  # the call's own approvers win
+    assert "<!subteam^S0GROUP01>" in text and f"<@{REVIEWER}>" not in text
+    assert text.endswith(", 1 of 2 so far")
+    blocks = b.status_message(unknown, THREAD)
+    assert blocks[0]["accessory"]["action_id"] == b.CANCEL_ACTION  # cancellable
+
+
+def test_a_call_a_rule_refused_is_one_line_with_the_reason() -> None:
+    refused = requested("purge", policy="reject", rule=1, reason="Nothing is purged from chat.")
+    [line] = b.event_line(refused) or []
+    assert line["elements"][0]["text"] == (
+        "🛑 *purge* was refused by rule 2: Nothing is purged from chat."
+    )
