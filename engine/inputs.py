@@ -20,6 +20,7 @@ from engine import events as ev
 from engine.errors import ConcurrencyConflict, ThreadNotFound
 from engine.events import utcnow
 from engine.policy import ApproverPolicy
+from engine.policy import arguments_hash as call_hash
 from engine.state import PendingCall, ThreadState
 from engine.store import Store, ThreadKey
 
@@ -204,7 +205,7 @@ async def may_decide(
     if decision in ("approve", "reject"):
         why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
     else:
-        why = await why_not_reconcilable(store, state, tool_call_id)
+        why = await why_not_reconcilable(store, state, tool_call_id, arguments_hash)
     if why is None:
         why = await why_not_same_org(store, state.thread_id, decider.org)
     if why is not None:
@@ -360,6 +361,7 @@ async def decide_reconcile(
     decision: ev.ReconcileDecision,
     note: str = "",
     policy: ApproverPolicy,
+    arguments_hash: str | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Accepted | Refused:
@@ -372,7 +374,14 @@ async def decide_reconcile(
             return seen
         state = await store.load(thread_id)
         why = await may_decide(
-            store, state, decider, decision, policy, tool_call_id=tool_call_id, now=now
+            store,
+            state,
+            decider,
+            decision,
+            policy,
+            tool_call_id=tool_call_id,
+            arguments_hash=arguments_hash,
+            now=now,
         )
         if why is not None:
             return await _refuse(
@@ -398,6 +407,7 @@ async def check_reconcile(
     tool_call_id: str,
     decider: Decider,
     policy: ApproverPolicy,
+    arguments_hash: str | None = None,
     now: datetime | None = None,
 ) -> str | None:
     """None if ``decider`` may reconcile the call now (asked before opening the note
@@ -405,12 +415,22 @@ async def check_reconcile(
     rule, so one answer covers them."""
     state = await store.load(thread_id)
     return await may_decide(
-        store, state, decider, "happened", policy, tool_call_id=tool_call_id, now=now
+        store,
+        state,
+        decider,
+        "happened",
+        policy,
+        tool_call_id=tool_call_id,
+        arguments_hash=arguments_hash,
+        now=now,
     )
 
 
-async def why_not_reconcilable(store: Store, state: ThreadState, tool_call_id: str) -> str | None:
-    """None if ``tool_call_id``'s outcome is unknown and awaits a person; else why not."""
+async def why_not_reconcilable(
+    store: Store, state: ThreadState, tool_call_id: str, args_hash: str | None = None
+) -> str | None:
+    """None if ``tool_call_id`` (with these arguments) has an unknown outcome and awaits
+    a person; else why not."""
     call = state.pending
     if (
         state.status == "awaiting_reconcile"
@@ -418,6 +438,9 @@ async def why_not_reconcilable(store: Store, state: ThreadState, tool_call_id: s
         and call.tool_call_id == tool_call_id
         and call.phase == "unknown"
     ):
+        # A call that needed no approval has no approval hash: compute it from the call.
+        if args_hash is not None and args_hash != call_hash(call.intent, call.arguments):
+            return "this card is out of date: the call's arguments differ"
         return None
     unknown = False
     for e in await store.select_events(state.thread_id):

@@ -38,6 +38,7 @@ async def on_happened(
         tool_call_id=binding.tool_call_id,
         decider=decider,
         policy=d.approvers,
+        arguments_hash=binding.arguments_hash,
     )
     if why is not None:
         raise Refusal.because(why)
@@ -82,6 +83,7 @@ async def on_note_submitted(
         decision="happened",
         note=note,
         policy=d.approvers,
+        arguments_hash=binding.arguments_hash,
         dedupe_key=f"view:{submitted.view_id}",
     )
     if isinstance(result, Refused):
@@ -103,6 +105,7 @@ async def _decide_click(
         decider=decider,
         decision=decision,
         policy=d.approvers,
+        arguments_hash=binding.arguments_hash,
         dedupe_key=f"click:{clicked.action_ts}",
     )
     if isinstance(result, Refused):

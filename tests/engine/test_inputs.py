@@ -552,3 +552,19 @@ async def test_reconcile_from_another_team_is_refused(store: Store) -> None:
     tid = await unknown_thread(store)
     refused = await reconcile(store, tid, Decider(CAROL, org=Org(("T2",))), "retry")
     assert isinstance(refused, Refused) and "Slack team" in refused.reason
+
+
+async def test_reconcile_is_bound_to_the_arguments_the_card_showed(store: Store) -> None:
+    tid = await unknown_thread(store)
+    call = (await store.load(tid)).pending
+    assert call is not None
+    stale = await check_reconcile(
+        store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN, arguments_hash="0" * 32
+    )
+    assert stale == "this card is out of date: the call's arguments differ"
+    refused = await reconcile(store, tid, Decider(CAROL), "retry", arguments_hash="0" * 32)
+    assert isinstance(refused, Refused) and "out of date" in refused.reason
+    assert (await store.load(tid)).status == "awaiting_reconcile"
+    card_hash = arguments_hash(call.intent, call.arguments)
+    done = await reconcile(store, tid, Decider(CAROL), "retry", arguments_hash=card_hash)
+    assert isinstance(done, Accepted)
