@@ -19,9 +19,25 @@ idempotent only with an ``idempotency_header``). What a call sends:
 Values that are not strings are written as JSON (``true``, ``3``). Only names declared in
 the argument schema are placeholders; other braces are left as they are.
 
-Answers: 2xx is ``{"status": ..., "body": <JSON or text>}``; 408, 429, 5xx, connection
-errors and timeouts raise :class:`RetryableToolError` (honouring ``Retry-After``); any
-other status raises :class:`ToolError` naming the status and host with a short excerpt.
+Answers: 2xx is ``{"status": ..., "body": <JSON or text>}``; any status not named below
+raises :class:`ToolError` naming the status and host with a short excerpt.
+
+What a failure means depends on whether the request could have had its effect. Before
+the request went out (connection refused, DNS, a connect timeout) nothing happened: that
+is :class:`RetryableToolError`. After it went out, an action with an
+``idempotency_header`` is retried too (the key makes a repeat safe): read timeouts,
+connection resets, payload errors and 408/429/5xx are retryable. An action without one:
+
+- 408, 429 and 503 stay retryable (honouring ``Retry-After``): each says the server
+  refused the request before acting on it (timed out waiting for it, rate limit,
+  unavailable), so a retry cannot repeat an effect.
+- Any other 5xx (500, 502, 504 …), a read timeout, a connection reset or a broken
+  answer raise :class:`OutcomeUnknown`: the server (or one behind a gateway) may have
+  acted, so a person says whether it did instead of the engine retrying.
+
+Connections are not reused (one call is one request after a human approval), so a reset
+is never a stale pooled connection the server had already closed.
+
 Header values may be secrets: they are never logged, never in a repr, and removed from
 any answer text that echoes them.
 """
@@ -44,7 +60,7 @@ import yarl
 from multidict import CIMultiDict
 
 from tools.context import ToolContext
-from tools.errors import RetryableToolError, ToolError, ToolLoadError
+from tools.errors import OutcomeUnknown, RetryableToolError, ToolError, ToolLoadError
 from tools.registry import Tool
 from tools.schema_tool import SchemaArguments, schema_tool
 
@@ -366,6 +382,67 @@ def _is_retryable(status: int) -> bool:
     return status in (408, 429) or 500 <= status <= 599
 
 
+def _may_have_acted(status: int) -> bool:
+    """A transient status after which the effect may have happened (see the docstring)."""
+    return 500 <= status <= 599 and status != 503
+
+
+# --- failures before or after the request went out ---------------------------------------
+
+
+@dataclass
+class _Progress:
+    """How far one request got; set by the trace hook below."""
+
+    sent: bool = False
+
+
+async def _note_sent(
+    session: aiohttp.ClientSession,
+    trace: Any,
+    params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    # The headers are written once the connection is up: from here on the server may
+    # have the request.
+    if isinstance(progress := trace.trace_request_ctx, _Progress):
+        progress.sent = True
+
+
+def _exchange_failure(
+    action: HttpAction, host: str, exc: TimeoutError | aiohttp.ClientError, sent: bool
+) -> ToolError:
+    """A request that got no (whole) answer: retryable, OutcomeUnknown or a ToolError."""
+    name = type(exc).__name__  # only the type: an exception's text may quote a header
+    timed_out = isinstance(exc, TimeoutError)
+    transient = timed_out or isinstance(
+        exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError
+    )
+    if not sent:
+        if timed_out:
+            return RetryableToolError(f"cannot reach {host}: no connection within the timeout")
+        if transient:
+            return RetryableToolError(f"cannot reach {host}: {name}")
+        return ToolError(f"HTTP request to {host} failed: {name}")
+    if action.idempotency_header:
+        if timed_out:
+            return RetryableToolError(
+                f"HTTP request to {host} timed out after {action.timeout_s:g}s"
+            )
+        if transient:
+            return RetryableToolError(f"the connection to {host} failed: {name}")
+        return ToolError(f"HTTP request to {host} failed: {name}")
+    seen = (
+        f"no answer from {host} within {action.timeout_s:g}s"
+        if timed_out
+        else f"the connection to {host} failed ({name})"
+    )
+    return OutcomeUnknown(f"{seen} after the request was sent; {_unknown(action)}")
+
+
+def _unknown(action: HttpAction) -> str:
+    return f"whether {action.name} took effect is unknown"
+
+
 # --- the source --------------------------------------------------------------------------
 
 
@@ -398,8 +475,15 @@ class HttpActions:
             except ToolError as exc:
                 raise HttpActionLoadError(f"tools.http.{action.name}", str(exc)) from None
         if self._session is None:
-            # No cookie jar: one call's cookies must not ride along with the next.
-            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+            trace = aiohttp.TraceConfig()
+            trace.on_request_headers_sent.append(_note_sent)
+            # No cookie jar: one call's cookies must not ride along with the next. No
+            # pooled connections: a reset must mean this request's connection failed.
+            self._session = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(force_close=True),
+                trace_configs=[trace],
+            )
         return tools
 
     async def close(self) -> None:
@@ -437,6 +521,7 @@ class HttpActions:
         host = _host_of(req.url)
         if not _allowed(req.url, allow):  # cannot happen by construction; checked anyway
             raise ToolError(f"host {host!r} is not in tools.http_allow_hosts")
+        progress = _Progress()
         try:
             async with self._session.request(
                 req.method,
@@ -445,16 +530,24 @@ class HttpActions:
                 data=req.data,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=action.timeout_s),
+                trace_request_ctx=progress,
             ) as resp:
                 text, cut = await _read_text(resp)
-        except TimeoutError:
-            raise RetryableToolError(
-                f"HTTP request to {host} timed out after {action.timeout_s:g}s"
-            ) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise RetryableToolError(f"cannot reach {host}: {type(exc).__name__}") from None
-        except aiohttp.ClientError as exc:
-            raise ToolError(f"HTTP request to {host} failed: {type(exc).__name__}") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            error = _exchange_failure(action, host, exc, progress.sent)
+            log.warning(
+                "http action failed action=%s method=%s host=%s error=%s sent=%s "
+                "thread_id=%s tool_call_id=%s attempt=%s",
+                action.name,
+                req.method,
+                host,
+                type(exc).__name__,
+                progress.sent,
+                ctx.thread_id,
+                ctx.tool_call_id,
+                ctx.attempt,
+            )
+            raise error from None
         text = _redact(text, secrets)
         log.info(
             "http action=%s method=%s host=%s status=%s thread_id=%s tool_call_id=%s attempt=%s",
@@ -473,6 +566,8 @@ class HttpActions:
         if 300 <= resp.status <= 399:
             message += " (redirects are not followed)"
         if _is_retryable(resp.status):
+            if not action.idempotency_header and _may_have_acted(resp.status):
+                raise OutcomeUnknown(f"{message}; {_unknown(action)}")
             wait = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
             raise RetryableToolError(message, retry_after=wait)
         raise ToolError(message)

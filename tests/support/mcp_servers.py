@@ -30,6 +30,7 @@ _descriptions = {
     "add": "Add two integers.",
     "fail": "Report an error with the given message.",
     "crash": "End the server process in the middle of the call.",
+    "crash_on_list": "End the server process at the next tools/list, before answering it.",
     "pid": "The server's process id.",
     "picture": "A result with an image and an embedded resource.",
     "bump": "Count one more call and return the count (a side effect to count).",
@@ -60,6 +61,7 @@ _annotations = {
 
 _removed: set[str] = set()
 _calls = {"bump": 0}
+_crash_on_list = {"armed": False}
 
 
 def _tool_names(long_name: bool) -> list[str]:
@@ -74,6 +76,8 @@ def build_server(*, long_name: bool = False) -> Server[Any]:
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if _crash_on_list["armed"]:
+            os._exit(4)
         names = _tool_names(long_name)
         start = int(params.cursor) if params is not None and params.cursor else 0
         page = names[start : start + PAGE_SIZE]
@@ -107,6 +111,9 @@ def build_server(*, long_name: bool = False) -> Server[Any]:
                 )
             case "crash":
                 os._exit(3)
+            case "crash_on_list":
+                _crash_on_list["armed"] = True
+                return types.CallToolResult(content=_text("armed"))
             case "pid":
                 return types.CallToolResult(content=_text(str(os.getpid())))
             case "picture":

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from tools import RetryableToolError, ToolContext, ToolError, ToolLoadError
+from tools.errors import OutcomeUnknown
 from tools.http_actions import (
     AllowedHost,
     HttpAction,
@@ -150,6 +152,29 @@ def _reply(status: int, body: str = "", **headers: str) -> Answer:
         return web.Response(status=status, text=body, headers=headers)
 
     return answer
+
+
+async def _reset(request: web.Request) -> web.StreamResponse:
+    """Read the request (Upstream.handle did), then reset the connection instead of answering."""
+    assert request.transport is not None
+    sock = request.transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+    request.transport.abort()
+    return web.Response(text="never sent")
+
+
+async def _cut_short(request: web.Request) -> web.StreamResponse:
+    """Start a 2xx answer promising 100 bytes, send 10, and drop the connection."""
+    resp = web.StreamResponse(headers={"Content-Length": "100"})
+    await resp.prepare(request)
+    await resp.write(b"0123456789")
+    assert request.transport is not None
+    request.transport.abort()
+    return resp
+
+
+KEYED = "Idempotency-Key"
+UNKNOWN = "; whether restart_service took effect is unknown"
 
 
 # --- what is sent ------------------------------------------------------------------------
@@ -322,22 +347,108 @@ def test_retry_after_reads_seconds_dates_and_ignores_garbage() -> None:
     assert retry_after_seconds(None, now) is None
 
 
-async def test_connection_refused_is_retryable(opened) -> None:
+@pytest.mark.parametrize("status", [408, 429, 503])
+async def test_a_refusal_before_acting_is_retryable_without_an_idempotency_header(
+    upstream, opened, status
+) -> None:
+    upstream.answers.append(_reply(status, "not now", **{"Retry-After": "5"}))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    assert tool.idempotent is False
+    with pytest.raises(RetryableToolError) as info:
+        await _run(tool, {"service": "api"})
+    assert info.value.retry_after == 5
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+async def test_a_server_error_without_an_idempotency_header_is_outcome_unknown(
+    upstream, opened, status
+) -> None:
+    upstream.answers.append(_reply(status, "upstream\nfailed"))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(OutcomeUnknown) as info:
+        await _run(tool, {"service": "api"})
+    assert str(info.value) == f"HTTP {status} from 127.0.0.1: upstream failed{UNKNOWN}"
+    assert len(upstream.seen) == 1
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+async def test_a_server_error_with_an_idempotency_header_is_retryable(
+    upstream, opened, status
+) -> None:
+    upstream.answers.append(_reply(status, "bad gateway", **{"Retry-After": "2"}))
+    tool = await opened(_action(f"{upstream.base}/x", idempotency_header=KEYED))
+    with pytest.raises(RetryableToolError) as info:
+        await _run(tool, {"service": "api"})
+    assert info.value.retry_after == 2
+    assert str(info.value) == f"HTTP {status} from 127.0.0.1: bad gateway"
+
+
+@pytest.mark.parametrize("header", [None, KEYED])
+async def test_connection_refused_is_retryable_with_or_without_the_header(opened, header) -> None:
     with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tool = await opened(_action(f"http://127.0.0.1:{port}/x"))
-    with pytest.raises(RetryableToolError, match=r"cannot reach 127\.0\.0\.1"):
+    tool = await opened(_action(f"http://127.0.0.1:{port}/x", idempotency_header=header))
+    with pytest.raises(RetryableToolError, match=r"^cannot reach 127\.0\.0\.1: "):
         await _run(tool, {"service": "api"})
 
 
-async def test_a_timeout_is_retryable(upstream, opened) -> None:
+async def test_a_reset_after_the_request_was_read_is_outcome_unknown_without_the_header(
+    upstream, opened
+) -> None:
+    upstream.answers.append(_reset)
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(OutcomeUnknown) as info:
+        await _run(tool, {"service": "api"})
+    text = str(info.value)
+    assert text.startswith("the connection to 127.0.0.1 failed (")
+    assert text.endswith(f") after the request was sent{UNKNOWN}")
+    assert SECRET not in text and "\n" not in text
+    [seen] = upstream.seen  # the server had the request: it may have acted
+    assert json.loads(seen.body) == {"service": "api"}
+
+
+async def test_a_reset_after_the_request_was_read_is_retryable_with_the_header(
+    upstream, opened
+) -> None:
+    upstream.answers.append(_reset)
+    tool = await opened(_action(f"{upstream.base}/x", idempotency_header=KEYED))
+    with pytest.raises(RetryableToolError, match=r"^the connection to 127\.0\.0\.1 failed: "):
+        await _run(tool, {"service": "api"})
+    assert (await _run(tool, {"service": "api"}, _ctx(attempt=2)))["status"] == 200
+    assert [s.headers[KEYED] for s in upstream.seen] == ["th_1:tc_1"] * 2
+
+
+async def test_an_answer_cut_short_is_outcome_unknown_without_the_header(upstream, opened) -> None:
+    upstream.answers.append(_cut_short)
+    tool = await opened(_action(f"{upstream.base}/x"))
+    with pytest.raises(OutcomeUnknown, match=r"^the connection to 127\.0\.0\.1 failed \("):
+        await _run(tool, {"service": "api"})
+
+
+async def _hold(upstream: Upstream) -> Answer:
     async def hold(request: web.Request) -> web.StreamResponse:
         await upstream.release.wait()
         return web.Response(text="late")
 
-    upstream.answers.append(hold)
+    return hold
+
+
+async def test_a_timeout_after_sending_is_outcome_unknown_without_the_header(
+    upstream, opened
+) -> None:
+    upstream.answers.append(await _hold(upstream))
     tool = await opened(_action(f"{upstream.base}/x", timeout_s=0.2))
+    with pytest.raises(OutcomeUnknown) as info:
+        await _run(tool, {"service": "api"})
+    assert str(info.value) == (
+        f"no answer from 127.0.0.1 within 0.2s after the request was sent{UNKNOWN}"
+    )
+
+
+async def test_a_timeout_is_retryable_with_the_header(upstream, opened) -> None:
+    upstream.answers.append(await _hold(upstream))
+    tool = await opened(_action(f"{upstream.base}/x", timeout_s=0.2, idempotency_header=KEYED))
     with pytest.raises(RetryableToolError, match=r"timed out after 0\.2s"):
         await _run(tool, {"service": "api"})
 

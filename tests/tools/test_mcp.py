@@ -14,11 +14,13 @@ import pytest
 
 from tests.support.mcp_servers import LONG_NAME
 from tools import RetryableToolError, Tool, ToolContext, ToolError, ToolLoadError
+from tools.errors import OutcomeUnknown
 from tools.mcp import (
     DefinitionChanged,
     McpLoadError,
     McpServer,
     McpSource,
+    McpUnavailable,
     current_definitions,
     definition_hash,
 )
@@ -26,7 +28,18 @@ from tools.mcp import (
 pytestmark = pytest.mark.slow
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "support" / "mcp_servers.py")
-ALL = ["echo", "add", "fail", "crash", "pid", "picture", "bump", "sleep", "redefine"]
+ALL = [
+    "echo",
+    "add",
+    "fail",
+    "crash",
+    "crash_on_list",
+    "pid",
+    "picture",
+    "bump",
+    "sleep",
+    "redefine",
+]
 
 
 def stdio(*flags: str, **kw: object) -> McpServer:
@@ -106,7 +119,7 @@ async def opened(src: McpSource) -> dict[str, Tool]:
 
 async def test_stdio_lists_every_page_and_calls_a_tool(source):
     tools = await opened(source)
-    assert sorted(tools) == sorted(ALL)  # 9 tools arrive in pages of 2
+    assert sorted(tools) == sorted(ALL)  # 10 tools arrive in pages of 2
     echo = tools["echo"]
     assert echo.name == "mcp__demo__echo"
     assert echo.source == "mcp:demo"
@@ -208,25 +221,72 @@ async def test_an_http_server_that_is_down_at_startup_stops_startup(http_server)
     assert "s3cret" not in str(c.value)
 
 
-async def test_a_crash_in_the_middle_of_a_call_is_retryable_and_the_next_call_reconnects(source):
+async def test_a_crash_in_the_middle_of_a_call_is_outcome_unknown_and_the_next_call_reconnects(
+    source,
+):
     tools = await opened(source)
     first_pid = (await run(tools["pid"], {}))["text"]  # type: ignore[index]
-    with pytest.raises(RetryableToolError, match="'demo'"):
+    with pytest.raises(OutcomeUnknown) as caught:
         await run(tools["crash"], {})
+    message = str(caught.value)
+    assert message.startswith("MCP server 'demo' went away during the call (")
+    assert message.endswith("; whether crash ran is unknown")
+    assert "\n" not in message
     second_pid = (await run(tools["pid"], {}))["text"]  # type: ignore[index]
     assert second_pid != first_pid
     assert [int(second_pid)] == server_children()
 
 
-async def test_an_http_server_going_down_is_retryable_and_the_next_call_reconnects(http_server):
+async def test_a_server_lost_at_the_definition_check_is_retryable_the_call_was_not_sent(source):
+    tools = await opened(source)
+    await run(tools["crash_on_list"], {})  # the next tools/list ends the process unanswered
+    with pytest.raises(McpUnavailable, match="'demo'") as caught:
+        await run(tools["bump"], {})
+    assert not isinstance(caught.value, OutcomeUnknown)
+    # The next call reconnects to a new process, where bump runs for the first time.
+    assert await run(tools["bump"], {}) == {"text": "1"}
+
+
+async def test_a_call_not_answered_in_time_is_outcome_unknown():
+    src = McpSource(stdio(), call_timeout_s=0.5)
+    try:
+        tools = await opened(src)
+        with pytest.raises(OutcomeUnknown) as caught:
+            await run(tools["sleep"], {"seconds": 30})
+        message = str(caught.value)
+        assert message.startswith("MCP server 'demo' did not answer the call in time (")
+        assert message.endswith("; whether sleep ran is unknown")
+        assert await run(tools["echo"], {"text": "x"}) == {"text": "echo: x"}
+    finally:
+        await src.close()
+
+
+async def test_an_http_server_dying_mid_call_is_outcome_unknown_with_no_secret(http_server):
+    src = McpSource(McpServer(name="demo", url=http_server.url, headers={"X-Token": "s3cret"}))
+    try:
+        tools = await opened(src)
+        with pytest.raises(OutcomeUnknown, match=r"^MCP server 'demo' went away during") as c:
+            await run(tools["crash"], {})
+        assert "s3cret" not in str(c.value) and "\n" not in str(c.value)
+        http_server.stop()
+        http_server.start()  # same port
+        assert await run(tools["echo"], {"text": "d"}) == {"text": "echo: d"}
+    finally:
+        await src.close()
+
+
+async def test_an_http_server_going_down_between_calls_is_retryable_and_the_next_call_reconnects(
+    http_server,
+):
     src = McpSource(McpServer(name="demo", url=http_server.url))
     try:
         tools = await opened(src)
         assert await run(tools["echo"], {"text": "a"}) == {"text": "echo: a"}
         http_server.stop()
-        with pytest.raises(RetryableToolError, match="'demo'"):
+        # Down before the call: the definition check fails, the call is never sent.
+        with pytest.raises(McpUnavailable, match="'demo'"):
             await run(tools["echo"], {"text": "b"})
-        with pytest.raises(RetryableToolError):  # still down: reconnecting fails, retryably
+        with pytest.raises(McpUnavailable):  # still down: reconnecting fails, retryably
             await run(tools["echo"], {"text": "c"})
         http_server.start()  # same port
         assert await run(tools["echo"], {"text": "d"}) == {"text": "echo: d"}

@@ -7,16 +7,22 @@ So a worker task owns them, and callers only put requests on its queue and await
 futures. A broken session marks its worker broken; the next request starts a new one
 (reconnects). Foreign errors are mapped here, once: connection trouble becomes
 ``McpUnavailable`` (retryable), a protocol error from the server a ``ToolError``.
+
+A tool call is the exception to "retryable": once its ``tools/call`` message has been
+handed to the transport, losing the connection (or the answer timing out) means the
+server may have run it, so that failure is ``OutcomeUnknown`` and a person decides.
+The transport's write stream is wrapped to note, per request, that the call went out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import sys
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -27,7 +33,7 @@ from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
 
-from tools.errors import ToolError
+from tools.errors import OutcomeUnknown, ToolError
 from tools.mcp.config import McpServer
 from tools.mcp.errors import McpUnavailable
 
@@ -46,7 +52,16 @@ _CLIENT_INFO = types.Implementation(name="opsloop", version="1")
 class _Request:
     op: Op
     future: asyncio.Future[Any]
+    call: str | None = None  # the server's tool name when this request runs a tool
+    sent: bool = False  # its tools/call message was handed to the transport
     scope: anyio.CancelScope | None = None
+
+
+# The request the current task is serving: the SDK writes a request in the task that
+# sends it (JSONRPCDispatcher.send_raw_request), so the write stream can tell whose it is.
+_serving: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
+    "mcp_serving", default=None
+)
 
 
 @dataclass(eq=False)
@@ -72,10 +87,14 @@ class McpConnection:
         self._lock = asyncio.Lock()
         self._closed = False
 
-    async def request(self, op: Op) -> Any:
-        """Run ``op(client)`` on the session (connecting first when there is none)."""
+    async def request(self, op: Op, *, call: str | None = None) -> Any:
+        """Run ``op(client)`` on the session (connecting first when there is none).
+
+        ``call`` names the server tool when ``op`` runs it: a failure after its
+        ``tools/call`` went out is then ``OutcomeUnknown``, not ``McpUnavailable``.
+        """
         worker = await self._connected()
-        req = _Request(op, asyncio.get_running_loop().create_future())
+        req = _Request(op, asyncio.get_running_loop().create_future(), call=call)
         worker.queue.put_nowait(req)
         try:
             return await req.future
@@ -163,7 +182,7 @@ class McpConnection:
                     pending.append(req)
             for req in pending:
                 if not req.future.done():
-                    req.future.set_exception(McpUnavailable(reason))
+                    req.future.set_exception(self._lost(req, McpUnavailable(reason), error))
 
     async def _enter(self, stack: AsyncExitStack) -> Client:
         server = self.server
@@ -179,13 +198,14 @@ class McpConnection:
             )
             transport = stdio_client(params, errlog=_errlog())
         # No response cache: a definition check must see the server's tools as they are now.
-        client = Client(transport, cache=None, client_info=_CLIENT_INFO)
+        client = Client(_noting_calls_sent(transport), cache=None, client_info=_CLIENT_INFO)
         return await stack.enter_async_context(client)
 
     async def _serve(self, worker: _Worker, client: Client, req: _Request) -> None:
         if req.future.done():  # the caller already gave up
             return
         worker.inflight.add(req)
+        _serving.set(req)  # this task serves only req (a task group task per request)
         try:
             with anyio.CancelScope() as req.scope:
                 result = await req.op(client)
@@ -196,6 +216,7 @@ class McpConnection:
             if isinstance(mapped, McpUnavailable):
                 log.warning("mcp connection lost server=%s reason=%s", self.server.name, mapped)
                 worker.stop()
+                mapped = self._lost(req, mapped, exc)
             if not req.future.done():
                 req.future.set_exception(mapped)
         finally:
@@ -204,9 +225,25 @@ class McpConnection:
                 # Cancelled by the session ending under it: mark the worker broken now,
                 # before the caller can hand the same dying session its next request.
                 worker.broken = True
-                req.future.set_exception(
-                    McpUnavailable(f"MCP server {self.server.name!r}: the connection was lost")
-                )
+                lost = McpUnavailable(f"MCP server {self.server.name!r}: the connection was lost")
+                req.future.set_exception(self._lost(req, lost, None))
+
+    def _lost(
+        self, req: _Request, unavailable: McpUnavailable, cause: BaseException | None
+    ) -> ToolError:
+        """What a request gets when the session fails under it: ``unavailable`` unless
+        it is a tool call that already went out, whose outcome nobody can know now."""
+        if req.call is None or not req.sent:
+            return unavailable
+        name = self.server.name
+        detail = str(unavailable).removeprefix(f"MCP server {name!r}: ")
+        seen = (
+            "did not answer the call in time" if _timed_out(cause) else "went away during the call"
+        )
+        log.warning("mcp call outcome unknown server=%s tool=%s reason=%s", name, req.call, detail)
+        return OutcomeUnknown(
+            f"MCP server {name!r} {seen} ({detail}); whether {req.call} ran is unknown"
+        )
 
     def _map(self, exc: Exception) -> ToolError:
         name = self.server.name
@@ -229,6 +266,57 @@ class McpConnection:
         detail = " ".join(str(leaf).split())
         text = type(leaf).__name__ + (f": {detail}" if detail else "")
         return f"MCP server {self.server.name!r}: {self.server.redact(text)}"
+
+
+def _timed_out(cause: BaseException | None) -> bool:
+    leaf = _leaf(cause) if cause is not None else None
+    if isinstance(leaf, MCPError):
+        return leaf.code == REQUEST_TIMEOUT
+    return isinstance(leaf, TimeoutError | httpx2.TimeoutException)
+
+
+def _is_tool_call(item: Any) -> bool:
+    message = getattr(item, "message", None)
+    return isinstance(message, types.JSONRPCRequest) and message.method == "tools/call"
+
+
+class _CallNotingStream:
+    """The transport's write stream; notes on the request being served that its
+    ``tools/call`` went out. A write the closed stream refused did not go out."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def send(self, item: Any, /) -> None:
+        req = _serving.get()
+        if req is None or req.call is None or not _is_tool_call(item):
+            await self._inner.send(item)
+            return
+        req.sent = True  # before the await: a cancelled send may still have delivered
+        try:
+            await self._inner.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            req.sent = False
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _CallNotingStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@asynccontextmanager
+async def _noting_calls_sent(transport: Any) -> AsyncIterator[tuple[Any, Any]]:
+    async with transport as (read_stream, write_stream):
+        yield read_stream, _CallNotingStream(write_stream)
 
 
 def _leaf(exc: BaseException) -> BaseException:

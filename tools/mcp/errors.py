@@ -7,7 +7,11 @@ Tree::
     ToolError
     +-- DefinitionChanged     the tool's definition is not the one the call was approved under
     RetryableToolError
-    +-- McpUnavailable        the server is down or the connection dropped; the next call reconnects
+    +-- McpUnavailable        the server is down or the connection dropped before a tool call
+                              went out (connecting, the definition check); the next call reconnects
+
+A tool call whose ``tools/call`` went out before the connection dropped (or its answer
+timed out) raises ``tools.errors.OutcomeUnknown`` instead: the server may have run it.
 """
 
 from __future__ import annotations
@@ -31,4 +35,5 @@ class DefinitionChanged(ToolError):
 
 
 class McpUnavailable(RetryableToolError):
-    """The MCP server cannot be reached now (down, crashed, connection dropped)."""
+    """The MCP server cannot be reached now (down, crashed, connection dropped) and no
+    tool call was sent: retrying cannot repeat an effect."""

@@ -4,6 +4,9 @@ Every call re-reads the server's definition of its tool (a fresh ``tools/list``,
 reliance on change notifications) and refuses to run when it no longer hashes to the
 definition the call was approved under (``ToolContext.definition_hash``): a server
 that swaps a tool's description or schema after approval does not get the call.
+
+A failure of that check, or of connecting, is ``McpUnavailable`` (retryable: nothing
+ran); a failure once the ``tools/call`` went out is ``OutcomeUnknown`` (see connection.py).
 """
 
 from __future__ import annotations
@@ -45,8 +48,11 @@ class _Definition:
 class McpSource:
     """One MCP server's (allowlisted) tools; one session per process, reconnecting."""
 
-    def __init__(self, server: McpServer) -> None:
+    def __init__(self, server: McpServer, *, call_timeout_s: float | None = None) -> None:
+        """``call_timeout_s``: how long a call waits for its answer (None: no limit of its
+        own); past it the outcome is unknown, so keep it below the engine's tool timeout."""
         self.server = server
+        self.call_timeout_s = call_timeout_s
         self.name = f"mcp:{server.name}"
         self._conn = McpConnection(server)
         self._loaded: dict[str, _Definition] = {}  # by the server's tool name
@@ -135,9 +141,11 @@ class McpSource:
             )
 
         async def call(client: Client) -> types.CallToolResult:
-            return await client.call_tool(remote, arguments)
+            return await client.call_tool(
+                remote, arguments, read_timeout_seconds=self.call_timeout_s
+            )
 
-        return tool_output(await self._conn.request(call))
+        return tool_output(await self._conn.request(call, call=remote))
 
     async def _list(self, *, until: str | None = None) -> list[types.Tool]:
         """A fresh ``tools/list``, page after page (up to the page naming ``until``)."""
