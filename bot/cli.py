@@ -6,10 +6,16 @@
     opsloop threads [--status S] [--json]
     opsloop trace THREAD [--json]    THREAD: a thread id or CHANNEL/THREAD_TS
     opsloop replay THREAD [--seq N | --all] [--json]
+    opsloop tools [--json]           every tool, its source, default policy and drift
+    opsloop policy check [--config F] [THREAD …] [--since 7d]
+    opsloop config check [FILE]
 
-A bad setting, a busy port or an unreachable database is one line on stderr and exit
-status 2, never a traceback. The commands that only read (threads, trace, replay) never
-create a database: run in the wrong directory, they say none was found.
+Every command reads the settings once, here: the configuration file (``OPSLOOP_CONFIG``,
+else ``./opsloop.yaml`` when present) with the environment laid over it, and passes
+them down; nothing else reads the environment. A bad setting or file, a busy port or an
+unreachable database is one line on stderr and exit status 2, never a traceback. The
+commands that only read (threads, trace, replay, policy check) never create a database:
+run in the wrong directory, they say none was found.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_args
 
 import sqlalchemy as sa
 
 from engine.config import Settings, load_settings
-from engine.db import DatabaseConfig, database_url_from_env, parse_database_url
+from engine.config_file import ConfigFile, load_config_file
+from engine.db import DatabaseConfig, parse_database_url
 from engine.errors import ConfigError, EngineError, ThreadNotFound
 from engine.state import Status
 from engine.store import Store
@@ -51,14 +58,7 @@ log = logging.getLogger("opsloop.cli")
 PROG = "opsloop"
 EXIT_USAGE = 2
 DEFAULT_HOST = "0.0.0.0"
-DEFAULT_PORT = 3000
 SHUTDOWN_TIMEOUT_S = 20.0
-SECRET_VARS = (
-    "SLACK_BOT_TOKEN",
-    "SLACK_SIGNING_SECRET",
-    "SLACK_APP_TOKEN",
-    "ANTHROPIC_API_KEY",
-)
 STATUSES: tuple[str, ...] = get_args(Status)
 
 
@@ -68,6 +68,41 @@ class CliError(Exception):
 
 def _say_error(message: str) -> None:
     print(" ".join(str(message).split()), file=sys.stderr)
+
+
+# --- the settings -------------------------------------------------------------------
+
+
+def _environment() -> dict[str, str]:
+    """The process's environment: read here and nowhere else."""
+    return dict(os.environ)
+
+
+def load_configuration(
+    env: dict[str, str] | None = None, path: str | None = None
+) -> tuple[Settings, ConfigFile | None]:
+    """The settings of this process and the configuration file they came with (None:
+    no file). ``ConfigError`` (one line) for a bad file or variable."""
+    env = _environment() if env is None else env
+    config = load_config_file(path, env)
+    return load_settings(env, file=config.env_values() if config else None), config
+
+
+def secrets_of(settings: Settings, config: ConfigFile | None) -> list[str]:
+    """What the log must never show: tokens, keys and the file's header/env values."""
+    found = [
+        settings.slack.bot_token,
+        settings.slack.signing_secret,
+        settings.slack.app_token,
+        settings.slack.webhook_secret,
+        settings.model.api_key,
+    ]
+    if config is not None:
+        for server in config.tools.mcp.values():
+            found += [*server.plain_headers().values(), *server.plain_env().values()]
+        for action in config.tools.http.values():
+            found += action.plain_headers().values()
+    return [s for s in found if s]
 
 
 # --- logging ------------------------------------------------------------------------
@@ -103,9 +138,8 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: int) -> None:
+def configure_logging(level: int, secrets: Sequence[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    secrets = [os.environ.get(name, "") for name in SECRET_VARS]
     handler.setFormatter(KeyValueFormatter(secrets))
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -140,10 +174,10 @@ def _check_sqlite_file(config: DatabaseConfig) -> None:
         raise _no_database(path if os.path.dirname(path) else os.path.join(".", path))
 
 
-async def _open_store() -> Store:
+async def _open_store(settings: Settings) -> Store:
     """The store of a command that only reads: an existing opsloop database, never a new
     one (Store.open would create a missing SQLite file and its tables)."""
-    url = database_url_from_env()
+    url = settings.database_url
     config = parse_database_url(url)
     _check_sqlite_file(config)
     store = await Store.open(url, create=False, pool_size=2)
@@ -175,7 +209,8 @@ def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
 
 
 async def _threads(args: argparse.Namespace) -> int:
-    store = await _open_store()
+    settings, _ = load_configuration()
+    store = await _open_store(settings)
     try:
         infos = await store.list_threads(status=args.status)
     finally:
@@ -202,7 +237,8 @@ async def _threads(args: argparse.Namespace) -> int:
 
 
 async def _trace(args: argparse.Namespace) -> int:
-    store = await _open_store()
+    settings, _ = load_configuration()
+    store = await _open_store(settings)
     try:
         try:
             info = await store.resolve_thread(args.thread)
@@ -230,23 +266,23 @@ async def _trace(args: argparse.Namespace) -> int:
 # --- serve --------------------------------------------------------------------------
 
 
-def _listen_address(command: str = "serve", default_host: str = DEFAULT_HOST) -> tuple[str, int]:
-    host = os.environ.get("OPSLOOP_HOST") or default_host
-    raw = (os.environ.get("PORT") or str(DEFAULT_PORT)).strip()
-    try:
-        port = int(raw)
-    except ValueError:
-        raise CliError(f"{PROG} {command}: PORT must be a number, not {raw!r}") from None
-    if not 0 <= port <= 65535:
-        raise CliError(f"{PROG} {command}: PORT must be between 0 and 65535, not {port}")
-    return host, port
+def _listen_address(settings: Settings, default_host: str = DEFAULT_HOST) -> tuple[str, int]:
+    """``OPSLOOP_HOST`` (else the command's default) and ``PORT``, checked by the settings."""
+    return settings.host or default_host, settings.port
+
+
+def _missing(settings: Settings, names: Sequence[str]) -> list[str]:
+    given = {
+        "SLACK_BOT_TOKEN": settings.slack.bot_token,
+        "SLACK_SIGNING_SECRET": settings.slack.signing_secret,
+        "SLACK_APP_TOKEN": settings.slack.app_token,
+        "ANTHROPIC_API_KEY": settings.model.api_key,
+    }
+    return [n for n in names if not given[n].strip()]
 
 
 REQUIRED_FOR_SERVE = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "ANTHROPIC_API_KEY")
-
-
-def _missing_settings(names: Sequence[str]) -> list[str]:
-    return [n for n in names if not os.environ.get(n, "").strip()]
+REQUIRED_FOR_SOCKET = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "ANTHROPIC_API_KEY")
 
 
 def _and(names: Sequence[str]) -> str:
@@ -287,15 +323,18 @@ def _bind(command: str, host: str, port: int) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def _http(settings: Settings, sock: socket.socket) -> AsyncIterator[None]:
+async def _http(
+    settings: Settings, config: ConfigFile | None, sock: socket.socket
+) -> AsyncIterator[None]:
     from aiohttp import web
 
     from bot.runtime import start_runtime, web_app
 
     runtime = await start_runtime(
         settings,
-        token=os.environ["SLACK_BOT_TOKEN"],
-        signing_secret=os.environ["SLACK_SIGNING_SECRET"],
+        token=settings.slack.bot_token,
+        signing_secret=settings.slack.signing_secret,
+        config=config,
     )
     web_runner = web.AppRunner(web_app(runtime), handle_signals=False, access_log=None)
     try:
@@ -313,18 +352,19 @@ async def _http(settings: Settings, sock: socket.socket) -> AsyncIterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def _socket_mode(settings: Settings) -> AsyncIterator[None]:
+async def _socket_mode(settings: Settings, config: ConfigFile | None) -> AsyncIterator[None]:
     from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
     from bot.runtime import start_runtime
 
     runtime = await start_runtime(
         settings,
-        token=os.environ["SLACK_BOT_TOKEN"],
-        signing_secret=os.environ.get("SLACK_SIGNING_SECRET", ""),
+        token=settings.slack.bot_token,
+        signing_secret=settings.slack.signing_secret,
+        config=config,
     )
     handler = AsyncSocketModeHandler(
-        runtime.bolt, os.environ["SLACK_APP_TOKEN"], web_client=runtime.client
+        runtime.bolt, settings.slack.app_token, web_client=runtime.client
     )
     try:
         await handler.connect_async()
@@ -338,24 +378,24 @@ async def _socket_mode(settings: Settings) -> AsyncIterator[None]:
 
 
 def _cmd_socket(_args: argparse.Namespace) -> int:
-    missing = _missing_settings(("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "ANTHROPIC_API_KEY"))
+    settings, config = load_configuration()  # every setting checked before anything starts
+    missing = _missing(settings, REQUIRED_FOR_SOCKET)
     if missing:
         raise CliError(f"{PROG} socket: set {_and(missing)} (see README: Configuration)")
-    settings = load_settings()
-    configure_logging(logging.INFO)
-    return asyncio.run(_run_until_signalled(lambda: _socket_mode(settings)))
+    configure_logging(logging.INFO, secrets_of(settings, config))
+    return asyncio.run(_run_until_signalled(lambda: _socket_mode(settings, config)))
 
 
 def _cmd_serve(_args: argparse.Namespace) -> int:
-    missing = _missing_settings(REQUIRED_FOR_SERVE)
+    settings, config = load_configuration()  # every setting checked before anything starts
+    missing = _missing(settings, REQUIRED_FOR_SERVE)
     if missing:
         raise CliError(f"{PROG} serve: set {_and(missing)} (see README: Configuration)")
-    settings = load_settings()  # every setting checked before anything starts
-    host, port = _listen_address()
+    host, port = _listen_address(settings)
     sock = _bind("serve", host, port)
-    configure_logging(logging.INFO)
+    configure_logging(logging.INFO, secrets_of(settings, config))
     try:
-        return asyncio.run(_run_until_signalled(lambda: _http(settings, sock)))
+        return asyncio.run(_run_until_signalled(lambda: _http(settings, config, sock)))
     finally:
         sock.close()
 
@@ -367,12 +407,19 @@ LOCAL_TOOLS = "tools.builtin,tools.demo"
 
 
 @contextlib.asynccontextmanager
-async def _local(settings: Settings, sock: socket.socket) -> AsyncIterator[None]:
+async def _local(
+    settings: Settings, config: ConfigFile | None, sock: socket.socket
+) -> AsyncIterator[None]:
     from bot.local.server import choose_model, start_local
 
-    make_model, kind, suggestions = choose_model()
+    make_model, kind, suggestions = choose_model(settings.model)
     local = await start_local(
-        settings, sock, make_model=make_model, model_kind=kind, suggestions=suggestions
+        settings,
+        sock,
+        config=config,
+        make_model=make_model,
+        model_kind=kind,
+        suggestions=suggestions,
     )
     try:
         print(f"{PROG} local: open {local.url}", flush=True)
@@ -383,15 +430,15 @@ async def _local(settings: Settings, sock: socket.socket) -> AsyncIterator[None]
 
 def _cmd_local(_args: argparse.Namespace) -> int:
     """No Slack settings needed: the workspace is local, its token and secret made up."""
-    env = dict(os.environ)
+    env = _environment()
     if not env.get("OPSLOOP_TOOLS", "").strip():
         env["OPSLOOP_TOOLS"] = LOCAL_TOOLS
-    settings = load_settings(env)
-    host, port = _listen_address("local", LOCAL_HOST)
+    settings, config = load_configuration(env)
+    host, port = _listen_address(settings, LOCAL_HOST)
     sock = _bind("local", host, port)
-    configure_logging(logging.INFO)
+    configure_logging(logging.INFO, secrets_of(settings, config))
     try:
-        return asyncio.run(_run_until_signalled(lambda: _local(settings, sock)))
+        return asyncio.run(_run_until_signalled(lambda: _local(settings, config, sock)))
     finally:
         sock.close()
 
@@ -407,13 +454,14 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 async def _replay(args: argparse.Namespace) -> int:
     from engine.replay import replay, replay_all
 
-    store = await _open_store()
+    settings, _ = load_configuration()
+    store = await _open_store(settings)
     try:
         info = await store.resolve_thread(args.thread)
         events = await store.select_events(info.id)
     finally:
         await store.close()
-    tools = _replay_tools(events)
+    tools = _replay_tools(events, settings)
     if args.all:
         results = replay_all(events, tools)
         for result in results:
@@ -428,17 +476,17 @@ async def _replay(args: argparse.Namespace) -> int:
     return 0 if result.matches else 1
 
 
-def _replay_tools(events: Sequence[Any]) -> list[Any]:
-    """The tools this process is configured with (OPSLOOP_TOOLS), and those `opsloop
+def _replay_tools(events: Sequence[Any], settings: Settings) -> list[Any]:
+    """The tools this process is configured with (its modules), and those `opsloop
     local` adds (tools.demo) when the thread's decisions saw tools these lack: a thread
     made by `opsloop local` replays with the tools it was made with. Each decision is
     replayed with the tools it was offered (engine.replay.tools_for)."""
     from engine.replay import tools_seen
 
-    configured = os.environ.get("OPSLOOP_TOOLS")
-    load_tools(configured)
+    configured = list(settings.tool.modules)
+    load_tools(configured, settings=settings.tool)
     if tools_seen(events) - set(REGISTRY.names()):
-        load_tools(",".join(filter(None, [configured, LOCAL_TOOLS])))
+        load_tools([*configured, *LOCAL_TOOLS.split(",")], settings=settings.tool)
     return list(REGISTRY)
 
 
@@ -466,6 +514,85 @@ def _print_prompt(prompt: Any) -> None:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     return asyncio.run(_replay(args))
+
+
+# --- tools, policy check, config check -------------------------------------------------
+
+
+def _cmd_tools(args: argparse.Namespace) -> int:
+    from bot.tool_list import list_tools
+
+    settings, config = load_configuration()
+    records = asyncio.run(list_tools(settings, config))
+    if args.json:
+        for record in records:
+            print(json.dumps(record.as_json(), ensure_ascii=False))
+        return 0
+    rows = [["NAME", "SOURCE", "POLICY", "RULE", "IDEMPOTENT", "DRIFT"]]
+    for r in records:
+        rule = "-" if r.rule is None else str(r.rule + 1)
+        idem, drift = ("yes" if r.idempotent else "no"), ("DRIFTED" if r.drift else "-")
+        rows.append([r.name, r.source, r.policy, rule, idem, drift])
+    for line in _table(rows):
+        print(line)
+    return 0
+
+
+async def _policy_check(args: argparse.Namespace) -> int:
+    from bot.configured import policy_set
+    from bot.policy_check import check_threads
+    from engine.config_file import parse_duration
+
+    since = None
+    if args.since is not None:
+        try:
+            since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
+        except ValueError as exc:
+            raise CliError(f"{PROG} policy check: --since {exc}") from None
+    settings, config = load_configuration(path=args.config)
+    load_tools(settings.tool.modules, settings=settings.tool)
+    store = await _open_store(settings)
+    try:
+        checked, findings = await check_threads(
+            store,
+            policy_set(settings, config),
+            REGISTRY,
+            config,
+            threads=args.threads,
+            since=since,
+        )
+    finally:
+        await store.close()
+    for finding in findings:
+        print(finding.line())
+    failing = sum(f.fails for f in findings)
+    print(
+        f"{checked} recorded calls checked: {len(findings)} would be decided differently, "
+        f"{failing} looser or mixed"
+    )
+    return 1 if failing else 0
+
+
+def _cmd_policy_check(args: argparse.Namespace) -> int:
+    return asyncio.run(_policy_check(args))
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    env = _environment()
+    config = load_config_file(args.file, env)
+    if config is None:
+        print("no configuration file (OPSLOOP_CONFIG, ./opsloop.yaml): the environment alone")
+        load_settings(env)
+        return 0
+    load_settings(env, file=config.env_values())
+    name = args.file or env.get("OPSLOOP_CONFIG", "").strip() or "opsloop.yaml"
+    tools = config.tools
+    print(
+        f"{name}: valid ({len(tools.modules)} modules, {len(tools.mcp)} MCP servers, "
+        f"{len(tools.http)} HTTP actions, {len(config.policy)} rules; "
+        f"policy hash {config.policy_hash[:12]})"
+    )
+    return 0
 
 
 # --- main ---------------------------------------------------------------------------
@@ -502,6 +629,28 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true", help="print the request body as JSON")
     replay.add_argument("--all", action="store_true", help="check every decision's hash")
     replay.set_defaults(func=_cmd_replay)
+
+    tools = sub.add_parser("tools", help="list every tool: source, default policy, drift")
+    tools.add_argument("--json", action="store_true", help="one JSON object per line")
+    tools.set_defaults(func=_cmd_tools)
+
+    policy = sub.add_parser("policy", help="check a policy file against recorded calls")
+    policy_sub = policy.add_subparsers(dest="policy_command", metavar="COMMAND")
+    check = policy_sub.add_parser(
+        "check", help="replay recorded tool calls against the file; exit 1 if any is looser"
+    )
+    check.add_argument("--config", metavar="FILE", help="the file (default: as serve reads it)")
+    check.add_argument("threads", metavar="THREAD", nargs="*", help="default: every thread")
+    check.add_argument("--since", metavar="DURATION", help="only calls since, e.g. 7d or 12h")
+    check.set_defaults(func=_cmd_policy_check)
+
+    config = sub.add_parser("config", help="check the configuration file")
+    config_sub = config.add_subparsers(dest="config_command", metavar="COMMAND")
+    config_check = config_sub.add_parser(
+        "check", help="exit 0 when valid, 2 with one line naming the key when not"
+    )
+    config_check.add_argument("file", metavar="FILE", nargs="?", help="default: opsloop.yaml")
+    config_check.set_defaults(func=_cmd_config_check)
     return parser
 
 
@@ -512,7 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if args.command not in ("serve", "socket", "local"):
-        configure_logging(logging.WARNING)
+        # `tools` opens MCP servers: a server that fails is its one line, not a log too.
+        configure_logging(logging.ERROR if args.command == "tools" else logging.WARNING)
     try:
         return args.func(args)
     except CliError as exc:

@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from aiohttp import web
@@ -22,38 +22,41 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.app import build_app, drain, handle_slack_request
+from bot.configured import close_sources, open_sources, policy_set, tool_sources
 from bot.delivery import Delivery
 from bot.health import make_health_app
 from bot.hooks import add_hook_route
 from bot.loop_thread import AnswersFirst, LoopThread
 from bot.reviewers import Reviewers
 from engine.config import Settings
+from engine.config_file import ConfigFile
 from engine.events import utcnow
 from engine.models.anthropic import AnthropicModel
 from engine.models.base import Model
+from engine.rules import PolicySet
 from engine.runner import Runner, worker_id
 from engine.scheduler import Worker
 from engine.store import Store
-from tools import REGISTRY, load_tools
+from tools import REGISTRY, ToolRegistry, load_tools
+from tools.loader import close_tools
+from tools.sources import ToolSource
 
 log = logging.getLogger("opsloop.runtime")
 
-SLACK_API_URL = "https://slack.com/api/"
 REDELIVER_WINDOW = timedelta(days=1)
-_TOOL_ENGINES = (
-    ("tools.builtin.tickets", "dispose_ticket_engines"),
-    ("tools.demo", "dispose_demo_engines"),
-)
 
 
 @dataclass
 class Background:
-    """What runs on the worker loop: its own store, Claude, the worker and delivery."""
+    """What runs on the worker loop: its own store, Claude, the worker and delivery,
+    and what the tools opened there (their sources, their modules' resources)."""
 
     store: Store
     model: Model
     worker: Worker
     delivery: Delivery
+    sources: Sequence[ToolSource] = ()
+    modules: Sequence[str] = ()
     catch_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -71,19 +74,18 @@ class Background:
         except TimeoutError:
             log.warning("threads still running after %.0fs; left to resume", grace)
         await self.delivery.close()
-        close_model = getattr(self.model, "close", None)
-        if close_model is not None:
-            await close_model()
-        # Tools' own database engines were made on this loop: closed here, after the
-        # worker, and only for the tool modules that were loaded.
-        for module, name in _TOOL_ENGINES:
-            dispose = getattr(sys.modules.get(module), name, None)
-            if dispose is not None:
-                try:
-                    await dispose()
-                except Exception:
-                    log.warning("closing %s failed", module, exc_info=True)
+        await _close_model(self.model)
+        # What the tools opened lives on this loop: closed here, after the worker.
+        await close_sources(self.sources)
+        await close_tools(self.modules)
         await self.store.close()
+
+
+async def _close_model(model: Model) -> None:
+    """A model declares its shutdown with an ``async close()`` (Claude's HTTP client)."""
+    close = getattr(model, "close", None)
+    if close is not None:
+        await close()
 
 
 @dataclass
@@ -98,6 +100,8 @@ class Runtime:
     background: Background
     priority: AnswersFirst
     kick: Callable[[str], None]  # wakes the worker for a thread, from any thread
+    settings: Settings = field(default_factory=Settings)
+    tools: ToolRegistry = field(default_factory=ToolRegistry)  # modules' and sources'
 
     def start(self) -> None:
         """Start the worker (the scheduler's first sweep resumes what a dead process
@@ -123,17 +127,26 @@ async def _background(
     owner: str,
     make_model: Callable[[], Model] | None,
     priority: AnswersFirst,
+    tools: ToolRegistry,
+    sources: Sequence[ToolSource],
+    modules: Sequence[str],
+    policy: PolicySet,
 ) -> Background:
-    """Built on the worker loop (``LoopThread.run``): its clients belong to that loop."""
-    model = make_model() if make_model is not None else AnthropicModel.from_env()
+    """Built on the worker loop (``LoopThread.run``): its clients and the tool sources
+    belong to that loop. A source that cannot start is a ``ToolLoadError``."""
+    model = make_model() if make_model is not None else AnthropicModel.from_settings(settings.model)
     try:
-        store = await Store.open(settings.database_url)
+        await open_sources(sources, tools)
+        try:
+            store = await Store.open(settings.database_url)
+        except BaseException:
+            await close_sources(sources)
+            raise
     except BaseException:
-        close_model = getattr(model, "close", None)
-        if close_model is not None:
-            await close_model()
+        await _close_model(model)
+        await close_tools(modules)
         raise
-    client = AsyncWebClient(token=token, base_url=slack_api_url())
+    client = AsyncWebClient(token=token, base_url=settings.slack.api_url)
     # Its own lease owner: delivery and the runner never end each other's lease.
     delivery = Delivery(
         store,
@@ -145,10 +158,11 @@ async def _background(
     runner = Runner(
         store,
         model,
-        REGISTRY,
+        tools,
         settings.runner,
         owner=owner,
         before_tool=lambda thread_id: delivery.deliver(thread_id, under=owner),
+        policy=policy,
     )
     worker = Worker(
         runner,
@@ -156,7 +170,7 @@ async def _background(
         after_run=delivery.deliver,
         gate=priority.quiet,
     )
-    return Background(store, model, worker, delivery)
+    return Background(store, model, worker, delivery, sources, modules)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -178,21 +192,22 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def slack_api_url() -> str:
-    return os.environ.get("SLACK_API_URL") or SLACK_API_URL
-
-
 async def start_runtime(
     settings: Settings,
     *,
     token: str,
     signing_secret: str,
+    config: ConfigFile | None = None,
     make_model: Callable[[], Model] | None = None,
 ) -> Runtime:
     """Everything but the listening socket and the worker (``Runtime.start``); raises
-    ConfigError / StoreUnavailable before anything runs. ``make_model`` (called on the
-    worker loop) replaces Claude from the environment (``opsloop local``'s offline model)."""
-    modules = load_tools(settings.tools)
+    ConfigError / ToolLoadError / StoreUnavailable before anything runs. ``config``: the
+    opsloop.yaml read at startup (its tool sources and policy). ``make_model`` (called
+    on the worker loop) replaces Claude (``opsloop local``'s offline model)."""
+    modules = load_tools(settings.tool.modules, settings=settings.tool)
+    tools = REGISTRY.copy()  # this process's: the sources' tools join the modules' here
+    sources = tool_sources(config)
+    policy = policy_set(settings, config)
     # The serving thread gets the interpreter within 1 ms of wanting it (default 5 ms)
     # while the worker thread computes: each database answer is such a hand-over.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
@@ -200,7 +215,17 @@ async def start_runtime(
     priority = AnswersFirst(thread)
     try:
         background = await thread.run(
-            _background(settings, token, worker_id(), make_model, priority)
+            _background(
+                settings,
+                token,
+                worker_id(),
+                make_model,
+                priority,
+                tools,
+                sources,
+                modules,
+                policy,
+            )
         )
     except BaseException:
         await thread.stop()
@@ -212,10 +237,16 @@ async def start_runtime(
         await thread.stop()
         raise
     log.info(
-        "tools: %s (%d); model: %s", ",".join(modules), len(list(REGISTRY)), background.model.name
+        "tools: %s (%d); sources: %s; model: %s",
+        ",".join(modules),
+        len(tools),
+        ",".join(s.name for s in sources) or "-",
+        background.model.name,
     )
+    if policy.policy_hash is not None:
+        log.info("policy: %d rules (%s)", len(policy.rules), policy.policy_hash[:12])
     log.info("database: %s", store.config.display())
-    client = AsyncWebClient(token=token, base_url=slack_api_url())
+    client = AsyncWebClient(token=token, base_url=settings.slack.api_url)
 
     def kick(thread_id: str) -> None:
         """Wake the worker for ``thread_id`` (callable from any thread)."""
@@ -230,7 +261,7 @@ async def start_runtime(
         kick=kick,
         groups=Reviewers(client),
     )
-    return Runtime(store, client, bolt, thread, background, priority, kick)
+    return Runtime(store, client, bolt, thread, background, priority, kick, settings, tools)
 
 
 def web_app(runtime: Runtime) -> web.Application:
@@ -242,5 +273,6 @@ def web_app(runtime: Runtime) -> web.Application:
             return await handle_slack_request(runtime.bolt, request)
 
     app.router.add_post("/slack/events", slack_events)
-    add_hook_route(app, runtime.store, os.environ.get("OPSLOOP_WEBHOOK_SECRET"), runtime.kick)
+    secret = runtime.settings.slack.webhook_secret or None
+    add_hook_route(app, runtime.store, secret, runtime.kick)
     return app

@@ -76,6 +76,8 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class ToolSettings:
+    """What tool modules get from ``configure(settings.tool)`` (see tools.loader)."""
+
     modules: tuple[str, ...] = ()
     docs_dir: str = "docs"
     tickets_url: str | None = None
@@ -267,8 +269,9 @@ def _settings(raw: _Environment) -> Settings:
         tool=ToolSettings(
             modules=modules,
             docs_dir=raw.docs_dir,
-            tickets_url=raw.tickets_url,
-            demo_url=raw.demo_url,
+            # The tools' own tables live in opsloop's database unless told otherwise.
+            tickets_url=raw.tickets_url or raw.database_url,
+            demo_url=raw.demo_url or raw.database_url,
         ),
         host=raw.host,
         port=raw.port,

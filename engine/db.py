@@ -9,7 +9,6 @@ repair) who want to run SQL by hand. ``DATABASE_URL`` may be written the way peo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -44,10 +43,6 @@ class DatabaseConfig:
     def display(self) -> str:
         """The URL with any password hidden, for logs and errors."""
         return self.url.render_as_string(hide_password=True)
-
-
-def database_url_from_env() -> str:
-    return os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
 
 
 def parse_database_url(raw: str) -> DatabaseConfig:

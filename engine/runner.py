@@ -20,13 +20,14 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
 from engine import events as ev
+from engine.config import RunnerConfig
 from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.models.base import Decision, Model, ModelError
@@ -35,31 +36,11 @@ from engine.rules import PolicySet, RuleDecision
 from engine.state import WAITING_POLICIES, PendingCall, ThreadState, next_action, reduce
 from engine.store import Store
 from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
-from tools.errors import OutcomeUnknown
+from tools.errors import OutcomeUnknown, ToolError
 
 log = logging.getLogger("opsloop.runner")
 
 Clock = Callable[[], datetime]
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    lease_ttl_s: float = 30.0
-    approval_ttl_s: float = 24 * 3600.0
-    max_rejections: int = 3
-    max_tool_attempts: int = 5
-    max_model_attempts: int = 6
-    retry_base_s: float = 2.0
-    retry_max_s: float = 600.0
-    max_decisions_per_input: int = 25
-    tool_timeout_s: float = 600.0
-    # Above this estimate the prompt's older turns are compacted into a summary, keeping
-    # the recent ones within half of it.
-    context_budget_tokens: int = 60_000
-
-    def backoff(self, attempt: int) -> float:
-        """Exponential backoff for the retry after failed attempt ``attempt`` (1-based)."""
-        return min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
 
 
 def offered_tools(tools: ToolRegistry, policy: PolicySet | None) -> list[Tool]:
@@ -427,8 +408,15 @@ class _Turn:
                     "it was not run"
                 )
             args = tool.parse_arguments(call.arguments)
-            async with asyncio.timeout(self.r.config.tool_timeout_s):
-                output = await tool.run(args, ctx)
+            try:
+                async with asyncio.timeout(self.r.config.tool_timeout_s):
+                    output = await tool.run(args, ctx)
+            except TimeoutError:
+                # The effect may be under way: for a non-idempotent call, a person decides.
+                raise OutcomeUnknown(
+                    f"{call.intent} did not finish within {self.r.config.tool_timeout_s:g} s; "
+                    "whether it took effect is unknown"
+                ) from None
         except OutcomeUnknown as exc:
             outcome = self._unknown(call, exc)
         except RetryableToolError as exc:
@@ -442,9 +430,17 @@ class _Turn:
                 error=str(exc),
             )
         except Exception as exc:
-            log.exception(
-                "tool failed thread_id=%s tool_call_id=%s", self.thread_id, call.tool_call_id
-            )
+            if isinstance(exc, ToolError):  # the tool said no: expected, no traceback
+                log.warning(
+                    "tool failed thread_id=%s tool_call_id=%s error=%s",
+                    self.thread_id,
+                    call.tool_call_id,
+                    type(exc).__name__,
+                )
+            else:  # a bug in the tool
+                log.exception(
+                    "tool failed thread_id=%s tool_call_id=%s", self.thread_id, call.tool_call_id
+                )
             outcome = ev.ToolResult(
                 actor="tool",
                 tool_call_id=call.tool_call_id,

@@ -9,7 +9,6 @@ so a restarted process finds the deployments and the running jobs where it left 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -56,9 +55,19 @@ jobs = sa.Table(
 )
 
 
+_url = DEFAULT_URL
+
+
+def configure(settings: Any) -> None:
+    """Take the demo database from the tool settings (``OPSLOOP_DEMO_URL``, which the
+    settings default to ``DATABASE_URL``)."""
+    global _url
+    _url = settings.demo_url or DEFAULT_URL
+
+
 def demo_url() -> str:
-    """OPSLOOP_DEMO_URL, else DATABASE_URL, else a local SQLite file (read at call time)."""
-    return os.environ.get("OPSLOOP_DEMO_URL") or os.environ.get("DATABASE_URL") or DEFAULT_URL
+    """The configured demo database, else a local SQLite file."""
+    return _url
 
 
 def _now() -> datetime:
@@ -76,6 +85,9 @@ _engine_for = _ENGINES.get
 async def dispose_demo_engines() -> None:
     """Close every cached engine (for tests and shutdown)."""
     await _ENGINES.dispose()
+
+
+close = dispose_demo_engines  # the loader's shutdown hook
 
 
 def _unavailable(exc: BaseException) -> RetryableToolError:

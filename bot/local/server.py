@@ -21,8 +21,8 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -35,10 +35,10 @@ from bot.local.ui import LocalUi, ModelInfo
 from bot.local.web_api import WebApi
 from bot.local.workspace import Workspace
 from bot.runtime import Runtime, start_runtime, web_app
-from engine.config import Settings
+from engine.config import ModelSettings, Settings
+from engine.config_file import ConfigFile
 from engine.errors import ConfigError
 from engine.models.base import Model
-from tools import REGISTRY
 
 log = logging.getLogger("opsloop.local")
 
@@ -133,47 +133,36 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 async def start_local(
     settings: Settings,
     sock: socket.socket,
     *,
+    config: ConfigFile | None = None,
     make_model: Callable[[], Model] | None = None,
     model_kind: Literal["claude", "offline", "other"] = "claude",
     suggestions: Sequence[tuple[str, str]] = (),
     state: Path | None = None,
     retry_delays: Sequence[float] = SLACK_RETRY_DELAYS,
 ) -> Local:
-    """Start everything on the bound ``sock``; ``make_model`` as for ``start_runtime``
-    (None: Claude from the environment). The workspace is kept in ``state`` (default:
+    """Start everything on the bound ``sock``; ``config`` and ``make_model`` as for
+    ``start_runtime`` (None: Claude from the settings). The workspace is kept in ``state`` (default:
     beside the database, see :func:`bot.local.state_file.state_path`)."""
     bound, port = sock.getsockname()[:2]
     url = page_url(bound, port)
     workspace = local_workspace()
-    saved = StateFile(state or state_path(settings.database_url), workspace)
+    where = {"OPSLOOP_LOCAL_STATE": settings.local_state or ""}
+    saved = StateFile(state or state_path(settings.database_url, where), workspace)
     if saved.load():
         log.info("workspace: %s (restored)", saved.path)
     else:
         log.info("workspace: %s (new)", saved.path)
     token = "xoxb-local-" + secrets.token_hex(12)
     secret = secrets.token_hex(20)
-    with _environ(SLACK_API_URL=url + "api/"):
-        runtime = await start_runtime(
-            settings, token=token, signing_secret=secret, make_model=make_model
-        )
+    # The bot's Web API is this workspace's.
+    settings = replace(settings, slack=replace(settings.slack, api_url=url + "api/"))
+    runtime = await start_runtime(
+        settings, token=token, signing_secret=secret, config=config, make_model=make_model
+    )
     try:
         link = AppLink(
             workspace, signing_secret=secret, retry_delays=retry_delays, before_send=saved.save
@@ -187,7 +176,7 @@ async def start_local(
             model,
             save=saved.save,
             store=runtime.store,
-            tools=lambda: list(REGISTRY),
+            tools=lambda: list(runtime.tools),
             hosts=allowed_hosts(bound, port),
             base_url=url,
         )
@@ -218,15 +207,14 @@ async def start_local(
 
 
 def choose_model(
-    env: dict[str, str] | None = None,
+    settings: ModelSettings,
 ) -> tuple[Callable[[], Model], Literal["claude", "offline"], tuple[tuple[str, str], ...]]:
-    """Claude when ``ANTHROPIC_API_KEY`` is set, else the offline phrasebook model, and
-    the phrases the page suggests."""
-    env = dict(os.environ) if env is None else env
-    if env.get("ANTHROPIC_API_KEY", "").strip():
+    """Claude when the settings hold an API key (``ANTHROPIC_API_KEY``), else the
+    offline phrasebook model, and the phrases the page suggests."""
+    if settings.api_key.strip():
         from engine.models.anthropic import AnthropicModel
 
-        return AnthropicModel.from_env, "claude", ()
+        return lambda: AnthropicModel.from_settings(settings), "claude", ()
     try:
         from engine.models.phrasebook import PHRASEBOOK, PhrasebookModel
     except ImportError as exc:

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from bot.local.workspace import Workspace
@@ -34,10 +35,11 @@ class StateFileError(ConfigError):
     """The state file cannot be read (one line, naming the file)."""
 
 
-def state_path(database_url: str, env: dict[str, str] | None = None) -> Path:
-    """Where the workspace of a local run on ``database_url`` is kept."""
-    env = dict(os.environ) if env is None else env
-    explicit = (env.get("OPSLOOP_LOCAL_STATE") or "").strip()
+def state_path(database_url: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where the workspace of a local run on ``database_url`` is kept: ``env``'s
+    ``OPSLOOP_LOCAL_STATE`` (the settings' ``local_state``) when given, else beside a
+    SQLite database, else ``./opsloop.local.json``."""
+    explicit = ((env or {}).get("OPSLOOP_LOCAL_STATE") or "").strip()
     if explicit:
         return Path(explicit)
     config = parse_database_url(database_url)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from typing import Any
 import anthropic
 from anthropic import AsyncAnthropic, omit
 
+from engine.config import ModelSettings, load_settings
 from engine.context import Prompt
 from engine.errors import ConfigError
 from engine.events import Usage
@@ -89,31 +89,34 @@ class AnthropicModel:
         elif client.max_retries != 0:
             client = client.with_options(max_retries=0)
         self.client = client
-        self.name: str = model or os.environ.get("OPSLOOP_MODEL", "").strip() or DEFAULT_MODEL
+        self.name: str = model or DEFAULT_MODEL
         self.max_tokens = max_tokens
         self.timeout = timeout
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> AnthropicModel:
-        """Built from ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL, OPSLOOP_MODEL and, optionally,
-        OPSLOOP_MAX_TOKENS and OPSLOOP_MODEL_TIMEOUT_SECONDS; ``ConfigError`` (one line)
-        when the key is missing or a number is bad."""
-        env = os.environ if env is None else env
-        key = env.get("ANTHROPIC_API_KEY", "").strip()
-        if not key:
+    def from_settings(cls, settings: ModelSettings) -> AnthropicModel:
+        """Built from the settings' key, base URL, model, max tokens and timeout;
+        ``ConfigError`` (one line) when the key is missing."""
+        if not settings.api_key.strip():
             raise ConfigError("ANTHROPIC_API_KEY is not set: the Anthropic model needs an API key")
-        max_tokens = _env_number(env, "OPSLOOP_MAX_TOKENS", DEFAULT_MAX_TOKENS)
-        timeout = _env_number(env, "OPSLOOP_MODEL_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_S)
-        if max_tokens != int(max_tokens):
-            raise ConfigError(f"OPSLOOP_MAX_TOKENS must be a whole number, not {max_tokens}")
         client = AsyncAnthropic(
-            api_key=key,
-            base_url=env.get("ANTHROPIC_BASE_URL", "").strip() or None,
+            api_key=settings.api_key.strip(),
+            base_url=(settings.base_url or "").strip() or None,
             max_retries=0,
-            timeout=timeout,
+            timeout=settings.timeout_s,
         )
-        model = env.get("OPSLOOP_MODEL", "").strip() or DEFAULT_MODEL
-        return cls(client, model=model, max_tokens=int(max_tokens), timeout=timeout)
+        return cls(
+            client,
+            model=settings.name or DEFAULT_MODEL,
+            max_tokens=settings.max_tokens,
+            timeout=settings.timeout_s,
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AnthropicModel:
+        """As :meth:`from_settings`, with the settings of ``env`` (default: this process's
+        environment, read by ``engine.config``, the one place that reads it)."""
+        return cls.from_settings(load_settings(env).model)
 
     async def close(self) -> None:
         """Close the HTTP connections (the client's, also when it was passed in)."""
@@ -125,7 +128,7 @@ class AnthropicModel:
             reply = await self.client.messages.create(
                 model=self.name,
                 max_tokens=self.max_tokens,
-                system=prompt.system if prompt.system else omit,
+                system=prompt.system if prompt.system else omit,  # type: ignore[arg-type]
                 messages=prompt.messages,  # type: ignore[arg-type]
                 tools=prompt.tools if prompt.tools else omit,  # type: ignore[arg-type]
                 tool_choice=TOOL_CHOICE if prompt.tools else omit,  # type: ignore[arg-type]
@@ -323,16 +326,3 @@ def _describe_timeout(client: AsyncAnthropic) -> str:
     timeout = client.timeout
     seconds = getattr(timeout, "read", timeout)
     return f"timeout {seconds:g} s" if isinstance(seconds, int | float) else "timed out"
-
-
-def _env_number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, not {raw!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number, not {raw!r}")
-    return value

@@ -20,13 +20,18 @@ async def fakes() -> AsyncIterator[tuple[FakeSlack, FakeAnthropic]]:
 
 
 @pytest.fixture
-async def runtime(db_url, fakes, monkeypatch, tmp_path) -> AsyncIterator[Runtime]:
+async def runtime(db_url, fakes, tmp_path) -> AsyncIterator[Runtime]:
     slack, claude = fakes
-    monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_API_KEY)
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)
-    monkeypatch.setenv("SLACK_API_URL", slack.url)
-    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path / 'tickets.db'}")
-    settings = load_settings({"DATABASE_URL": db_url, "OPSLOOP_SWEEP_SECONDS": "0.2"})
+    settings = load_settings(
+        {
+            "DATABASE_URL": db_url,
+            "OPSLOOP_SWEEP_SECONDS": "0.2",
+            "ANTHROPIC_API_KEY": FAKE_API_KEY,
+            "ANTHROPIC_BASE_URL": claude.url,
+            "SLACK_API_URL": slack.url,
+            "OPSLOOP_TICKETS_URL": f"sqlite:///{tmp_path / 'tickets.db'}",
+        }
+    )
     rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET)
     rt.start()
     try:

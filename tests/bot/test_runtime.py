@@ -4,22 +4,65 @@ signed HTTP requests in, the fake Slack Web API and the fake Messages API out.""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot.blocks import APPROVE_ACTION
-from bot.runtime import bind, web_app
+from bot.runtime import Runtime, bind, start_runtime, web_app
+from engine.config import load_settings
+from engine.config_file import parse_config
+from tests.fakes.anthropic import FAKE_API_KEY
 from tests.fakes.slack import (
     BOT_USER_ID,
+    SIGNING_SECRET,
+    TOKEN,
     FakeSlack,
     app_mention_event,
     signed,
     url_verification,
 )
+from tools import ToolContext, ToolLoadError
+from tools.builtin import tickets
+
+ROOT = Path(__file__).resolve().parents[2]
+MCP_SERVER = str(ROOT / "tests" / "support" / "mcp_servers.py")
 
 CHANNEL, ROOT_TS = "C0DEPLOYS", "1700000000.000100"
+
+
+def settings_for(db_url: str, fakes, tmp_path: Path, **extra: str):
+    """Everything the runtime needs is in the settings: nothing is read from os.environ."""
+    slack, claude = fakes
+    return load_settings(
+        {
+            "DATABASE_URL": db_url,
+            "OPSLOOP_SWEEP_SECONDS": "0.2",
+            "ANTHROPIC_API_KEY": FAKE_API_KEY,
+            "ANTHROPIC_BASE_URL": claude.url,
+            "SLACK_API_URL": slack.url,
+            "OPSLOOP_TICKETS_URL": f"sqlite:///{tmp_path / 'tickets.db'}",
+            **extra,
+        }
+    )
+
+
+@pytest.fixture
+async def runtime(db_url, fakes, monkeypatch, tmp_path) -> AsyncIterator[Runtime]:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "SLACK_API_URL"):
+        monkeypatch.delenv(name, raising=False)  # proof that the settings carry them
+    settings = settings_for(db_url, fakes, tmp_path)
+    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET)
+    rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.close(5)
 
 
 async def post(client: TestClient, payload: dict) -> int:
@@ -134,3 +177,68 @@ def test_bind_listens_before_anything_starts_and_refuses_a_taken_port() -> None:
             pass  # it is listening
     finally:
         sock.close()
+
+
+def mcp_config(tmp_path: Path, command: str = sys.executable) -> str:
+    return f"""
+tools:
+  mcp:
+    demo:
+      command: {command}
+      args: [{MCP_SERVER}, stdio]
+      tools: [echo, pid]
+approvals:
+  approvers: [U0BOB]
+policy:
+  - tool: "mcp__demo__echo"
+    policy: run_now
+"""
+
+
+async def test_the_file_s_sources_and_policy_are_opened_and_closed_on_the_worker_loop(
+    db_url, fakes, tmp_path
+) -> None:
+    config = parse_config(mcp_config(tmp_path), {})
+    settings = settings_for(db_url, fakes, tmp_path, **config.env_values())
+    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET, config=config)
+    try:
+        assert {"mcp__demo__echo", "mcp__demo__pid", "create_ticket"} <= set(rt.tools.names())
+        pid_tool = rt.tools.get("mcp__demo__pid")
+        assert pid_tool is not None and pid_tool.source == "mcp:demo"
+        ctx = ToolContext("thr_1", "call_1", "key_1", 1)
+        args = pid_tool.parse_arguments({})
+        pid = int((await rt.thread.run(pid_tool.run(args, ctx)))["text"])  # on the worker loop
+        assert pid > 0
+        policy = rt.background.worker.runner.policy
+        assert policy is not None and policy.policy_hash == config.policy_hash
+        assert policy.defaults.approvers == frozenset({"U0BOB"})
+        assert [r.tool for r in policy.rules] == ["mcp__demo__echo"]
+    finally:
+        await rt.close(5)
+    # The server's process is gone with the runtime, and the tools' engines closed.
+    await asyncio.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert tickets._ENGINES._engines == {}
+
+
+async def test_a_source_that_cannot_start_stops_startup_with_one_line(
+    db_url, fakes, tmp_path
+) -> None:
+    config = parse_config(mcp_config(tmp_path, command=str(tmp_path / "no-such-server")), {})
+    settings = settings_for(db_url, fakes, tmp_path)
+    with pytest.raises(ToolLoadError) as caught:
+        await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET, config=config)
+    assert "demo" in str(caught.value) and "\n" not in str(caught.value)
+
+
+async def test_tools_get_their_settings_without_the_environment(
+    db_url, fakes, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", "sqlite:///ignored.db")  # not read
+    settings = settings_for(db_url, fakes, tmp_path)
+    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET)
+    try:
+        assert tickets.tickets_url() == f"sqlite:///{tmp_path / 'tickets.db'}"
+    finally:
+        await rt.close(5)

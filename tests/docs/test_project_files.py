@@ -50,3 +50,15 @@ def test_readme_says_what_the_model_receives() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "**What Anthropic receives.**" in readme
     assert ".venv/bin/opsloop" in readme
+
+
+def test_readme_shows_the_shipped_opsloop_yaml_example() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = (ROOT / "opsloop.example.yaml").read_text(encoding="utf-8").rstrip()
+    assert f"```yaml\n{example}\n```" in readme
+
+
+def test_readme_names_the_cli_commands_of_the_configuration() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for command in ("opsloop tools", "opsloop policy check", "opsloop config check"):
+        assert command in readme

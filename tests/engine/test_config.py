@@ -118,3 +118,12 @@ def test_tool_modules_add_up_from_the_file_and_the_environment():
 def test_approvers_may_name_whoever_is_on_call():
     s = load_settings({"OPSLOOP_APPROVERS": "U012AB,oncall:PXXXXXX"})
     assert s.approvers.approvers == {"U012AB", "oncall:PXXXXXX"}
+
+
+def test_the_tools_databases_default_to_the_database_url() -> None:
+    s = load_settings({"DATABASE_URL": "postgresql://u@h/db"})
+    assert (s.tool.tickets_url, s.tool.demo_url) == ("postgresql://u@h/db",) * 2
+    s = load_settings(
+        {"OPSLOOP_TICKETS_URL": "sqlite:///t.db", "OPSLOOP_DEMO_URL": "sqlite:///d.db"}
+    )
+    assert (s.tool.tickets_url, s.tool.demo_url) == ("sqlite:///t.db", "sqlite:///d.db")

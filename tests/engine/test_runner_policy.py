@@ -11,7 +11,7 @@ from engine.inputs import Decider, decide_approval, decide_reconcile, finish_wai
 from engine.models.scripted import call, say
 from engine.policy import ApproverPolicy
 from engine.rules import Defaults, PolicySet
-from engine.runner import Runner
+from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
 from tests.support.demo_tools import make_ruled_tools
 from tests.support.fakes import RecordingModel
@@ -212,3 +212,18 @@ async def test_outcome_unknown_then_retry_runs_it_once_more_with_the_same_key(st
     )
     assert (await runner.run(tid)).status == "idle" and effects["restart"] == 2
     assert f"Not run: <@{BOB}> says it did not happen" in model.last_prompt_text()
+
+
+async def test_a_non_idempotent_call_that_times_out_waits_for_a_person(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="slow"), say("noted")])
+    config = RunnerConfig(tool_timeout_s=0.2)
+    runner = Runner(store, model, make_ruled_tools(effects), config, policy=POLICY)
+    tid = await start(store)
+    cid = (await runner.run(tid)).pending.tool_call_id
+    await approve(store, tid, cid, BOB)
+    await approve(store, tid, cid, CAROL)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_reconcile" and effects["restart"] == 1
+    [unknown] = [e for e in await events(store, tid) if e.type == "tool_outcome_unknown"]
+    assert "did not finish within 0.2 s" in unknown.error  # type: ignore[union-attr]

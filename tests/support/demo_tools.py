@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from pydantic import BaseModel
@@ -60,7 +61,8 @@ def make_tools(effects: Counter) -> ToolRegistry:
 
 def make_ruled_tools(effects: Counter) -> ToolRegistry:
     """``make_tools`` plus what policy rules act on: a non-idempotent ``restart`` (name
-    "lost" raises ``OutcomeUnknown`` after counting its effect), a ``purge`` rules reject,
+    "lost" raises ``OutcomeUnknown`` after counting its effect, "slow" outlives any
+    tool timeout), a ``purge`` rules reject,
     and ``gated_train``, a waiting tool a rule puts behind an approval."""
     reg = make_tools(effects)
 
@@ -70,6 +72,8 @@ def make_ruled_tools(effects: Counter) -> ToolRegistry:
         effects["restart"] += 1
         if args.name == "lost":
             raise OutcomeUnknown("the connection dropped after the request was sent")
+        if args.name == "slow":
+            await asyncio.sleep(60)  # outlives the runner's tool timeout
         return {"restarted": args.name, "attempt": ctx.attempt}
 
     @tool(registry=reg)

@@ -17,7 +17,8 @@ from types import ModuleType
 import pytest
 
 import tools
-from tools import REGISTRY, RetryableToolError, ToolContext, WaitFor
+from engine.config import load_settings
+from tools import REGISTRY, RetryableToolError, ToolContext, WaitFor, builtin
 
 MODULE = "tools.demo"
 
@@ -33,9 +34,16 @@ def demo_loaded() -> Iterator[ModuleType]:
     was_loaded = MODULE in sys.modules
     before = set(REGISTRY.names())
     module = importlib.import_module(MODULE)
+    # Configured as `opsloop` configures its tool modules: from the settings, which a
+    # test gives through the environment (the demo's and the docs' folder, here).
+    saved = (module._url, builtin.docs._docs_dir, builtin.tickets._url)
+    tool_settings = load_settings().tool
+    module.configure(tool_settings)
+    builtin.configure(tool_settings)
     try:
         yield module
     finally:
+        module._url, builtin.docs._docs_dir, builtin.tickets._url = saved
         if not was_loaded:
             for name in set(REGISTRY.names()) - before:
                 REGISTRY.unregister(name)
@@ -158,7 +166,7 @@ def test_deploy_arguments_are_checked() -> None:
 
 
 async def test_an_unreachable_database_is_retryable(demo, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("OPSLOOP_DEMO_URL", f"sqlite:///{tmp_path}/missing/dir/demo.db")
+    monkeypatch.setattr(demo, "_url", f"sqlite:///{tmp_path}/missing/dir/demo.db")
     before = set(threading.enumerate())
     with pytest.raises(RetryableToolError, match="demo database unavailable"):
         await demo.deploy(demo.DeployArgs(service="api"), ctx())
@@ -171,14 +179,20 @@ async def test_an_unreachable_database_is_retryable(demo, tmp_path, monkeypatch)
 
 
 def test_url_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPSLOOP_DEMO_URL", raising=False)
-    monkeypatch.delenv("DATABASE_URL", raising=False)
+    """OPSLOOP_DEMO_URL, else DATABASE_URL, else a local file: chosen by the settings and
+    handed to the module by ``configure``; the module reads no environment."""
     with demo_loaded() as demo:
-        assert demo.demo_url() == "sqlite:///opsloop.db"
-        monkeypatch.setenv("DATABASE_URL", "postgres://u@h/db")
-        assert demo.demo_url() == "postgres://u@h/db"
-        monkeypatch.setenv("OPSLOOP_DEMO_URL", "sqlite:///demo.db")
-        assert demo.demo_url() == "sqlite:///demo.db"
+        for env, url in [
+            ({}, "sqlite:///opsloop.db"),
+            ({"DATABASE_URL": "postgres://u@h/db"}, "postgres://u@h/db"),
+            (
+                {"DATABASE_URL": "postgres://u@h/db", "OPSLOOP_DEMO_URL": "sqlite:///d.db"},
+                "sqlite:///d.db",
+            ),
+        ]:
+            demo.configure(load_settings(env).tool)
+            monkeypatch.setenv("OPSLOOP_DEMO_URL", "sqlite:///not-read.db")
+            assert demo.demo_url() == url
 
 
 # --- run_job ----------------------------------------------------------------------------

@@ -88,3 +88,57 @@ def test_module_with_syntax_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         load_tools(mod)
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"cannot import tool module {mod!r}: SyntaxError")
+
+
+HOOKED = """
+    from __future__ import annotations
+
+    CONFIGURED = []
+    CLOSED = []
+
+    def configure(settings):
+        CONFIGURED.append(settings.docs_dir)
+
+    async def close():
+        CLOSED.append(True)
+        raise RuntimeError("a failing close does not stop the others")
+"""
+
+
+async def test_a_module_gets_its_settings_and_declares_its_shutdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.config import load_settings
+    from tools.builtin import docs, tickets
+    from tools.loader import close_tools
+
+    name = _package(tmp_path, monkeypatch, HOOKED)
+    monkeypatch.setattr(tickets, "_url", tickets.DEFAULT_URL)  # both restored afterwards
+    monkeypatch.setattr(docs, "_docs_dir", docs._docs_dir)
+    settings = load_settings({"OPSLOOP_DOCS_DIR": "/srv/docs", "DATABASE_URL": "sqlite:///x.db"})
+    assert load_tools([name], settings=settings.tool) == ["tools.builtin", name]
+    module = sys.modules[name]
+    assert module.CONFIGURED == ["/srv/docs"]
+    assert tickets.tickets_url() == "sqlite:///x.db"  # the built-ins are configured too
+    await tickets._engine_for(f"sqlite:///{tmp_path / 't.db'}")
+    assert tickets._ENGINES._engines  # an engine is open ...
+    await close_tools([name, "tools.builtin"])
+    assert module.CLOSED == [True]
+    assert tickets._ENGINES._engines == {}  # ... and closed by the built-ins' hook
+
+
+def test_without_settings_configure_is_not_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = _package(tmp_path, monkeypatch, HOOKED)
+    load_tools(name)
+    assert sys.modules[name].CONFIGURED == []
+
+
+def test_a_failing_configure_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.config import load_settings
+
+    name = _package(tmp_path, monkeypatch, "def configure(settings):\n    raise ValueError('no')\n")
+    with pytest.raises(ToolLoadError) as caught:
+        load_tools(name, settings=load_settings({}).tool)
+    assert name in str(caught.value) and "ValueError: no" in str(caught.value)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import load_settings
 from tools import ToolContext
+from tools.builtin import docs as docs_module
 from tools.builtin.docs import SearchDocsArgs, score_line, search_docs
 
 CTX = ToolContext(thread_id="t", tool_call_id="c", idempotency_key="k", attempt=1)
@@ -27,7 +29,8 @@ def docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "notes.txt").write_text("refund refund refund refund\n")  # not Markdown
     (root / ".hidden").mkdir()
     (root / ".hidden" / "x.md").write_text("refund refund refund refund\n")
-    monkeypatch.setenv("OPSLOOP_DOCS_DIR", str(root))
+    monkeypatch.setattr(docs_module, "_docs_dir", docs_module._docs_dir)  # restored after
+    docs_module.configure(load_settings({"OPSLOOP_DOCS_DIR": str(root)}).tool)
     return root
 
 
@@ -72,7 +75,7 @@ async def test_limit_and_snippet_length(docs: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_missing_folder_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPSLOOP_DOCS_DIR", str(tmp_path / "nope"))
+    monkeypatch.setattr(docs_module, "_docs_dir", tmp_path / "nope")
     out = await search_docs(SearchDocsArgs(query="refund"), CTX)
     assert out["results"] == []
     assert "does not exist" in out["note"]
@@ -80,7 +83,7 @@ async def test_missing_folder_is_a_note(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.asyncio
 async def test_default_folder_is_cwd_docs(docs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPSLOOP_DOCS_DIR")
+    docs_module.configure(load_settings({}).tool)  # no OPSLOOP_DOCS_DIR: ./docs
     monkeypatch.chdir(docs.parent)
     out = await search_docs(SearchDocsArgs(query="finance"), CTX)
     assert [(r["file"], r["line"]) for r in out["results"]] == [("faq.md", 4)]

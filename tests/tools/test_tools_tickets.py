@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import RetryableToolError, ToolContext
+from engine.config import load_settings
+from tools import RetryableToolError, ToolContext, builtin
 from tools.builtin import tickets
 from tools.builtin._dburl import to_async_url
 from tools.builtin.tickets import (
@@ -33,7 +34,8 @@ def ctx(key: str, requester: str | None = "U123") -> ToolContext:
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "tickets.db"
-    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{path}")
+    monkeypatch.setattr(tickets, "_url", tickets.DEFAULT_URL)  # restored afterwards
+    tickets.configure(load_settings({"OPSLOOP_TICKETS_URL": f"sqlite:///{path}"}).tool)
     return path
 
 
@@ -114,7 +116,7 @@ async def test_unique_violation_falls_back_to_existing(
 async def test_unreachable_database_is_retryable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OPSLOOP_TICKETS_URL", f"sqlite:///{tmp_path}/missing/dir/t.db")
+    monkeypatch.setattr(tickets, "_url", f"sqlite:///{tmp_path}/missing/dir/t.db")
     before = set(threading.enumerate())
     try:
         with pytest.raises(RetryableToolError, match="ticket database unavailable"):
@@ -130,13 +132,21 @@ async def test_unreachable_database_is_retryable(
 
 
 def test_url_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPSLOOP_TICKETS_URL", raising=False)
-    monkeypatch.delenv("DATABASE_URL", raising=False)
+    """OPSLOOP_TICKETS_URL, else DATABASE_URL, else a local file: chosen by the settings
+    and handed over by ``configure``; the module reads no environment."""
+    monkeypatch.setattr(tickets, "_url", tickets.DEFAULT_URL)
+    monkeypatch.setenv("OPSLOOP_TICKETS_URL", "sqlite:///not-read.db")
     assert tickets_url() == "sqlite:///opsloop.db"
-    monkeypatch.setenv("DATABASE_URL", "postgres://u@h/db")
-    assert tickets_url() == "postgres://u@h/db"
-    monkeypatch.setenv("OPSLOOP_TICKETS_URL", "sqlite:///t.db")
-    assert tickets_url() == "sqlite:///t.db"
+    for env, url in [
+        ({}, "sqlite:///opsloop.db"),
+        ({"DATABASE_URL": "postgres://u@h/db"}, "postgres://u@h/db"),
+        (
+            {"DATABASE_URL": "postgres://u@h/db", "OPSLOOP_TICKETS_URL": "sqlite:///t.db"},
+            "sqlite:///t.db",
+        ),
+    ]:
+        builtin.configure(load_settings(env).tool)  # as the loader does
+        assert tickets_url() == url
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,9 +29,18 @@ class SearchDocsArgs(BaseModel):
     limit: int = Field(default=5, ge=1, le=20, description="Maximum results.")
 
 
+_docs_dir = Path(DEFAULT_DOCS_DIR)
+
+
+def configure(settings: Any) -> None:
+    """Take the docs folder from the tool settings (``OPSLOOP_DOCS_DIR``)."""
+    global _docs_dir
+    _docs_dir = Path(settings.docs_dir or DEFAULT_DOCS_DIR)
+
+
 def docs_dir() -> Path:
-    """The docs folder, read from OPSLOOP_DOCS_DIR at call time."""
-    return Path(os.environ.get("OPSLOOP_DOCS_DIR") or DEFAULT_DOCS_DIR)
+    """The docs folder: the configured one, else ``./docs``."""
+    return _docs_dir
 
 
 def query_terms(query: str) -> list[str]:

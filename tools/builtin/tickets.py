@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,9 +44,19 @@ class CreateTicketArgs(BaseModel):
     priority: Literal["low", "normal", "high", "urgent"] = "normal"
 
 
+_url = DEFAULT_URL
+
+
+def configure(settings: Any) -> None:
+    """Take the tickets database from the tool settings (``OPSLOOP_TICKETS_URL``, which
+    the settings default to ``DATABASE_URL``)."""
+    global _url
+    _url = settings.tickets_url or DEFAULT_URL
+
+
 def tickets_url() -> str:
-    """OPSLOOP_TICKETS_URL, else DATABASE_URL, else a local SQLite file."""
-    return os.environ.get("OPSLOOP_TICKETS_URL") or os.environ.get("DATABASE_URL") or DEFAULT_URL
+    """The configured tickets database, else a local SQLite file."""
+    return _url
 
 
 _ENGINES = EngineCache(metadata, "create_ticket")
@@ -57,6 +66,9 @@ _engine_for = _ENGINES.get
 async def dispose_ticket_engines() -> None:
     """Close every cached engine (for tests and shutdown)."""
     await _ENGINES.dispose()
+
+
+close = dispose_ticket_engines  # the loader's shutdown hook
 
 
 async def _find(engine: AsyncEngine, key: str) -> sa.Row | None:
@@ -93,7 +105,8 @@ async def insert_ticket(url: str, args: CreateTicketArgs, ctx: ToolContext) -> d
     try:
         async with engine.begin() as conn:
             result = await conn.execute(sa.insert(tickets).values(**values))
-            new_id = result.inserted_primary_key[0]
+            inserted = result.inserted_primary_key
+            new_id = inserted[0] if inserted is not None else None
     except IntegrityError:
         row = await _find(engine, key)  # lost a race with a concurrent retry
         if row is None:

@@ -1,0 +1,155 @@
+"""``opsloop policy check``: the dry run a team does before changing its policy.
+
+Every recorded ``tool_call_requested`` (of the threads named, else all; with ``--since``,
+only calls made since then) is decided again by the candidate file's rules, with the
+call's tool, arguments and thread channel, and compared with what was recorded. A call
+whose rule, policy, approvers or quorum would differ is listed with how
+(``engine.rules.compare``); ``looser`` and ``different`` (some ways looser, some
+stricter: it may hide a loosening) fail the check.
+
+What the rules read of a tool comes from the tools this process loads (its modules and
+the candidate file's HTTP actions); an MCP tool's server is not asked, so its hints are
+taken at their loosest (read-only, idempotent), which a ``trust_hints`` rule may turn
+into a looser decision: a loosening is never hidden by a server that is down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from engine import events as ev
+from engine.config_file import ConfigFile
+from engine.rules import Comparison, PolicySet, RuleDecision, compare
+from engine.store import Store
+from engine.types import ThreadInfo
+from tools import ToolRegistry
+
+FAILING: frozenset[Comparison] = frozenset({"looser", "different"})
+LOOSEST_HINTS: dict[str, Any] = {"readOnlyHint": True, "idempotentHint": True}
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the rules read of a tool this process does not have loaded."""
+
+    name: str
+    policy: str
+    source: str
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    thread: ThreadInfo
+    call: ev.ToolCallRequested
+    new: RuleDecision
+    comparison: Comparison
+
+    @property
+    def fails(self) -> bool:
+        return self.comparison in FAILING
+
+    def line(self) -> str:
+        call, new = self.call, self.new
+        changes = []
+        if (call.policy, call.rule) != (new.policy, new.rule):
+            changes.append(
+                f"{call.policy} ({_rule(call.rule)}) -> {new.policy} ({_rule(new.rule)})"
+            )
+        else:
+            changes.append(f"{new.policy} ({_rule(new.rule)})")
+        needs_approval = "approve_before_run" in (call.policy, new.policy)
+        if (
+            needs_approval
+            and call.approvers is not None
+            and frozenset(call.approvers) != new.approvers
+        ):
+            changes.append(f"approvers {_people(call.approvers)} -> {_people(new.approvers)}")
+        if needs_approval and call.quorum != new.quorum:
+            changes.append(f"quorum {call.quorum} -> {new.quorum}")
+        return (
+            f"{self.thread.id} seq={call.seq} {call.intent}: {', '.join(changes)}: "
+            f"{self.comparison}"
+        )
+
+
+def _rule(index: int | None) -> str:
+    return "no rule" if index is None else f"rule {index + 1}"
+
+
+def _people(ids: Sequence[str] | frozenset[str]) -> str:
+    return ",".join(sorted(ids)) or "anyone"
+
+
+def tool_facts(name: str, tools: ToolRegistry, config: ConfigFile | None) -> Any:
+    """The registered tool, else what its name and the file say of it."""
+    tool = tools.get(name)
+    if tool is not None:
+        return tool
+    if config is not None and name in config.tools.http:
+        return _Facts(name, "approve_before_run", "http")
+    if name.startswith("mcp__") and name.count("__") >= 2:
+        server = name.split("__")[1]
+        return _Facts(name, "approve_before_run", f"mcp:{server}", LOOSEST_HINTS)
+    # A tool no longer loaded: judged by its name alone, with the policy it had.
+    return None
+
+
+def differs(call: ev.ToolCallRequested, new: RuleDecision) -> bool:
+    """Would the rule, policy, approvers or quorum of ``call`` differ? Approvers and
+    quorum count only for a call that needs (or needed) an approval."""
+    if call.rule != new.rule or call.policy != new.policy:
+        return True
+    if new.policy != "approve_before_run":
+        return False
+    return (
+        call.approvers is not None and frozenset(call.approvers) != new.approvers
+    ) or call.quorum != new.quorum
+
+
+def check_call(
+    thread: ThreadInfo,
+    call: ev.ToolCallRequested,
+    policy: PolicySet,
+    tools: ToolRegistry,
+    config: ConfigFile | None,
+) -> Finding | None:
+    facts = tool_facts(call.intent, tools, config)
+    if facts is None:
+        own = call.policy if call.rule is None and call.policy != "reject" else "run_now"
+        facts = _Facts(call.intent, own, "module:?")
+    new = policy.decide(facts, call.arguments, thread.channel)
+    if not differs(call, new):
+        return None
+    return Finding(thread, call, new, compare(call, new))
+
+
+async def check_threads(
+    store: Store,
+    policy: PolicySet,
+    tools: ToolRegistry,
+    config: ConfigFile | None,
+    *,
+    threads: Sequence[str] = (),
+    since: datetime | None = None,
+) -> tuple[int, list[Finding]]:
+    """(calls checked, the calls that would differ), oldest thread first."""
+    if threads:
+        infos = [await store.resolve_thread(ref) for ref in threads]
+    else:
+        infos = list(reversed(await store.list_threads(limit=1_000_000)))
+    checked, findings = 0, []
+    for info in infos:
+        for event in await store.select_events(info.id):
+            if not isinstance(event, ev.ToolCallRequested):
+                continue
+            if since is not None and event.created_at < since:
+                continue
+            checked += 1
+            finding = check_call(info, event, policy, tools, config)
+            if finding is not None:
+                findings.append(finding)
+    return checked, findings
