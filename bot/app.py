@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,9 @@ async def handle_slack_request(app: AsyncApp, request: web.Request) -> web.Respo
         log.info("refused a signed Slack request: %s", exc)
         return web.json_response({"error": "malformed body"}, status=400)
     # One value per header: Bolt keeps the last of repeated ones, we checked the first.
-    headers = {name.lower(): value for name, value in reversed(list(request.headers.items()))}
+    headers: dict[str, str | Sequence[str]] = {
+        name.lower(): value for name, value in reversed(list(request.headers.items()))
+    }
     bolt_request = AsyncBoltRequest(
         body=raw.decode("utf-8"), query=request.query_string, headers=headers
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -129,7 +130,8 @@ class CallLike(Protocol):
 People = frozenset[str]  # the Slack user ids of a thread's people: named as mentions
 
 
-class Notes(NamedTuple):
+@dataclass(frozen=True)
+class Notes:
     """Messages people wrote while a card was open: the latest few, and how many."""
 
     latest: Sequence[SaidSince] = ()

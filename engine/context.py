@@ -45,9 +45,12 @@ CLARIFICATION_SCHEMA: dict[str, Any] = {
 
 
 class ToolSpec(Protocol):
-    name: str
-    description: str
-    policy: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
 
     def input_schema(self) -> dict[str, Any]: ...
 

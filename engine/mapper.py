@@ -23,7 +23,7 @@ def to_row(event: Event) -> dict[str, Any]:
         "created_at": event.created_at,
         "dedupe_key": event.dedupe_key,
         # One serialiser call (the hot path): the payload is the event minus its envelope.
-        "payload": event.model_dump_json(exclude=_ENVELOPE_SET),
+        "payload": event.model_dump_json(exclude=set(_ENVELOPE_SET)),
     }
 
 

@@ -66,10 +66,15 @@ class RuleDecision:
 class ToolFacts(Protocol):
     """What the rules read of a tool (a :class:`tools.Tool` fits)."""
 
-    name: str
-    policy: str
-    source: str
-    annotations: dict[str, Any]
+    # Read-only members, so a tool whose policy is a narrower Literal still fits.
+    @property
+    def name(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def annotations(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

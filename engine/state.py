@@ -350,8 +350,9 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
 def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
-    kind = "rejected" if e.type == "approval_rejected" else "expired"
-    setback = CallSetback(kind=kind, intent=call.intent)
+    setback = CallSetback(
+        kind="rejected" if e.type == "approval_rejected" else "expired", intent=call.intent
+    )
     return {"pending": None, "status": "running", "setback": setback}
 
 

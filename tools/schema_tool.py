@@ -49,10 +49,9 @@ def _arguments_model(name: str, schema: dict[str, Any]) -> type[SchemaArguments]
             raise ValueError("; ".join(parts))
         return data
 
-    return create_model(  # type: ignore[call-overload, no-any-return]
-        f"{name}_arguments",
-        __base__=SchemaArguments,
-        __validators__={"_schema": model_validator(mode="before")(check)},
+    validators: dict[str, Any] = {"_schema": model_validator(mode="before")(check)}
+    return create_model(  # type: ignore[no-any-return]
+        f"{name}_arguments", __base__=SchemaArguments, __validators__=validators
     )
 
 

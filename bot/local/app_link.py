@@ -262,7 +262,7 @@ def events_for(workspace: Workspace, change: Change) -> list[dict[str, Any]]:
         return [
             sr.bot_message_event(identity, message, channel=channel.id, channel_type=channel_type)
         ]
-    user, text, ts = message.get("user"), message.get("text", ""), message["ts"]
+    user, text, ts = str(message.get("user") or ""), message.get("text", ""), message["ts"]
     thread_ts = message.get("thread_ts")
     events = []
     if not channel.is_im and f"<@{identity.bot_user_id}>" in text:

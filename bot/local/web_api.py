@@ -377,11 +377,13 @@ def check_blocks(blocks: Any) -> None:
         if not isinstance(block, dict):
             errors.append(f"must be an object [json-pointer:/blocks/{i}]")
             continue
-        text = block.get("text") if isinstance(block.get("text"), dict) else {}
+        raw_text = block.get("text")
+        text: dict[str, Any] = raw_text if isinstance(raw_text, dict) else {}
         body = text.get("text")
         if block.get("type") == "section" and body is not None and not 0 < len(body) <= 3000:
             errors.append(f"must be 1 to 3000 characters [json-pointer:/blocks/{i}/text/text]")
-        elements = block.get("elements") if isinstance(block.get("elements"), list) else []
+        raw_elements = block.get("elements")
+        elements: list[Any] = raw_elements if isinstance(raw_elements, list) else []
         for element in elements:
             if not isinstance(element, dict):
                 errors.append(f"must be an object [json-pointer:/blocks/{i}/elements]")
@@ -398,7 +400,8 @@ def check_view(view: dict[str, Any]) -> None:
     """A modal's title and blocks within Slack's limits (``invalid_arguments``)."""
     if view.get("type") != "modal":
         return
-    title = view.get("title") if isinstance(view.get("title"), dict) else {}
+    raw_title = view.get("title")
+    title: dict[str, Any] = raw_title if isinstance(raw_title, dict) else {}
     if not 0 < len(str(title.get("text", ""))) <= 24:
         raise ApiError("invalid_arguments")
     blocks = view.get("blocks")

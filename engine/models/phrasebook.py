@@ -14,7 +14,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from engine.context import Prompt
 from engine.events import CLARIFICATION_TOOL, Usage
@@ -151,7 +151,7 @@ class PhrasebookModel:
 
 def _read(messages: list[dict[str, Any]]) -> _Reading:
     """Walk the conversation once, keeping what the next step depends on."""
-    request, calls = "", ()
+    request, calls = "", cast(tuple[_Call, ...], ())
     unreported: tuple[str, _Call] | None = None
     for message in messages:
         if message.get("role") == "assistant":

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -342,7 +342,7 @@ class SqliteStore(Store):
         one transaction (two processes starting together: one creates, one finds)."""
         dialect = sqlite.dialect()
         statements = [
-            str(ddl.compile(dialect=dialect)).strip()
+            str(cast(Any, ddl).compile(dialect=dialect)).strip()
             for table in (THREADS, EVENTS, SNAPSHOTS)
             for ddl in (
                 CreateTable(table, if_not_exists=True),
@@ -379,7 +379,7 @@ class SqliteStore(Store):
 
     async def find_thread(self, key: ThreadKey) -> str | None:
         rows = await self._fetch(FIND_THREAD_SQL, key.team, key.channel, key.root_ts)
-        return str(rows[0][0]) if rows else None
+        return str(cast(Any, rows[0])[0]) if rows else None  # a sqlite3.Row: by position
 
     async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
         if at is not None:
