@@ -62,3 +62,16 @@ def test_readme_names_the_cli_commands_of_the_configuration() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for command in ("opsloop tools", "opsloop policy check", "opsloop config check"):
         assert command in readme
+
+
+def test_the_editable_install_is_a_plain_path_entry_without_a_warning() -> None:
+    """setuptools picks a .pth entry (no "folders with the same name as your package"
+    warning) only for a declared root package dir with a simple layout."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = config["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "."}
+    assert setuptools["packages"]["find"]["namespaces"] is False
+    for package in ("bot", "engine", "tools"):
+        assert (ROOT / package / "__init__.py").is_file()
