@@ -9,11 +9,14 @@
     opsloop tools [--json]           every tool, its source, default policy and drift
     opsloop policy check [--config F] [THREAD …] [--since 7d]
     opsloop config check [FILE]
+    opsloop migrate [--check]        take the database to this release's schema
 
 Every command reads the settings once, here: the configuration file (``OPSLOOP_CONFIG``,
 else ``./opsloop.yaml`` when present) with the environment laid over it, and passes
 them down; nothing else reads the environment. A bad setting or file, a busy port or an
-unreachable database is one line on stderr and exit status 2, never a traceback. The
+unreachable database is one line on stderr and exit status 2, never a traceback; so is
+a schema older or newer than this release's (``serve``, ``socket`` and ``local``
+refuse it, unless ``OPSLOOP_AUTO_MIGRATE=true`` migrates an older one at start). The
 commands that only read (threads, trace, replay, policy check) never create a database:
 run in the wrong directory, they say none was found.
 """
@@ -148,6 +151,8 @@ def configure_logging(level: int, secrets: Sequence[str] = ()) -> None:
     root.setLevel(level)
     # APScheduler logs every run of the one-second sweep at INFO: keep its warnings only.
     logging.getLogger("apscheduler").setLevel(max(level, logging.WARNING))
+    # Alembic narrates every step at INFO; we log what a migration did, once.
+    logging.getLogger("alembic").setLevel(max(level, logging.WARNING))
 
 
 # --- the store ----------------------------------------------------------------------
@@ -191,6 +196,45 @@ async def _open_store(settings: Settings) -> Store:
         await store.close()
         raise _no_database(config.display())
     return store
+
+
+# --- the schema ---------------------------------------------------------------------
+
+
+def _prepare_schema(settings: Settings) -> None:
+    """Before serving: the database at this release's schema, or one line (exit 2).
+    Alembic loads here, not for the quick read-only commands."""
+    from engine.migrations import prepare
+
+    before, after = asyncio.run(prepare(settings.database_url, auto_migrate=settings.auto_migrate))
+    if before.revision is not None and before.revision != after.revision:
+        log.warning("database schema migrated from %s to %s", before.revision, after.revision)
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from engine.migrations import inspect_schema, known_revisions, migrate
+    from engine.schema import HEAD
+
+    settings, _ = load_configuration()
+    config = parse_database_url(settings.database_url)
+    where = config.display()
+    if args.check:
+        state = await inspect_schema(settings.database_url)
+        verdict = state.verdict(known_revisions())
+        found = state.revision or "none (no opsloop tables)"
+        print(f"{where}: schema revision {found}, this release's {HEAD}: {verdict}")
+        return 0 if verdict == "current" else 1
+    before, after = await migrate(settings.database_url)
+    if before.revision == after.revision and before.stamped:
+        print(f"{where}: schema already at revision {after.revision}")
+    else:
+        was = before.revision or "an empty database"
+        print(f"{where}: schema migrated from {was} to revision {after.revision}")
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    return asyncio.run(_migrate(args))
 
 
 # --- threads ------------------------------------------------------------------------
@@ -383,6 +427,7 @@ def _cmd_socket(_args: argparse.Namespace) -> int:
     if missing:
         raise CliError(f"{PROG} socket: set {_and(missing)} (see README: Configuration)")
     configure_logging(logging.INFO, secrets_of(settings, config))
+    _prepare_schema(settings)
     return asyncio.run(_run_until_signalled(lambda: _socket_mode(settings, config)))
 
 
@@ -395,6 +440,7 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
     sock = _bind("serve", host, port)
     configure_logging(logging.INFO, secrets_of(settings, config))
     try:
+        _prepare_schema(settings)
         return asyncio.run(_run_until_signalled(lambda: _http(settings, config, sock)))
     finally:
         sock.close()
@@ -438,6 +484,7 @@ def _cmd_local(_args: argparse.Namespace) -> int:
     sock = _bind("local", host, port)
     configure_logging(logging.INFO, secrets_of(settings, config))
     try:
+        _prepare_schema(settings)
         return asyncio.run(_run_until_signalled(lambda: _local(settings, config, sock)))
     finally:
         sock.close()
@@ -651,6 +698,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config_check.add_argument("file", metavar="FILE", nargs="?", help="default: opsloop.yaml")
     config_check.set_defaults(func=_cmd_config_check)
+
+    migrate = sub.add_parser("migrate", help="take the database to this release's schema")
+    migrate.add_argument(
+        "--check", action="store_true", help="only say where it is; exit 1 unless current"
+    )
+    migrate.set_defaults(func=_cmd_migrate)
     return parser
 
 

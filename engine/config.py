@@ -87,6 +87,8 @@ class ToolSettings:
 @dataclass(frozen=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
+    # serve, socket and local migrate an older schema at start instead of refusing.
+    auto_migrate: bool = False
     approvers: ApproverPolicy = field(default_factory=lambda: ApproverPolicy(frozenset()))
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     sweep_seconds: float = 1.0
@@ -115,6 +117,7 @@ class _Environment(BaseModel):
     tools: str = Field("", alias="OPSLOOP_TOOLS")
     approvers: str = Field("", alias="OPSLOOP_APPROVERS")
     allow_self: str = Field("false", alias="OPSLOOP_ALLOW_SELF_APPROVAL")
+    auto_migrate: str = Field("false", alias="OPSLOOP_AUTO_MIGRATE")
     lease_s: float = Field(RunnerConfig.lease_ttl_s, ge=1, alias="OPSLOOP_LEASE_SECONDS")
     approval_ttl_s: float = Field(
         RunnerConfig.approval_ttl_s, ge=1, alias="OPSLOOP_APPROVAL_TTL_SECONDS"
@@ -162,7 +165,7 @@ class _Environment(BaseModel):
             )
         return ",".join(ids)
 
-    @field_validator("allow_self")
+    @field_validator("allow_self", "auto_migrate")
     @classmethod
     def _flag(cls, raw: str) -> str:
         flag = raw.strip().lower()
@@ -239,6 +242,7 @@ def _settings(raw: _Environment) -> Settings:
     modules = tuple(dict.fromkeys(m.strip() for m in raw.tools.split(",") if m.strip()))
     return Settings(
         database_url=raw.database_url,
+        auto_migrate=raw.auto_migrate in _TRUE,
         approvers=ApproverPolicy(
             frozenset(a for a in raw.approvers.split(",") if a), raw.allow_self in _TRUE
         ),

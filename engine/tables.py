@@ -43,6 +43,9 @@ class EventRow(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UTCDateTime)
     dedupe_key: str | None = Field(default=None, max_length=255)
     payload: str = Field(sa_type=sa.Text)
+    # The version of the type's payload schema it was written with (engine.mapper);
+    # rows from before revision 0002 are 1.
+    schema_version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
 
 
 class SnapshotRow(SQLModel, table=True):

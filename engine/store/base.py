@@ -49,7 +49,9 @@ THREAD_COLUMNS = (
     "id, team, channel, root_ts, requester, status, last_seq, wake_at, lease_owner, "
     "lease_expires_at, created_at, updated_at"
 )
-EVENT_COLUMNS = "thread_id, seq, event_id, type, actor, created_at, dedupe_key, payload"
+EVENT_COLUMNS = (
+    "thread_id, seq, event_id, type, actor, created_at, dedupe_key, payload, schema_version"
+)
 
 Row = Mapping[str, Any]
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel import SQLModel
 
 from engine.db import DatabaseConfig
+from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
@@ -37,13 +38,18 @@ from engine.types import ThreadKey
 
 T = TypeVar("T")
 
+# ``$V`` is the events' schema versions, the last argument of each statement.
 _EVENTS_FROM_ARRAYS = """
-unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-    AS e(seq, event_id, type, actor, payload, dedupe_key)
+unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $V::int[])
+    AS e(seq, event_id, type, actor, payload, dedupe_key, schema_version)
+"""
+_INSERT_EVENTS = """
+    INSERT INTO events
+        (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key, schema_version)
 """
 # Both appends: $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status,
 # wake_at, requester, updated_at; $12 its id. Then $13 expected_seq, $14 the inputs'
-# dedupe keys, $15 the snapshot (NULL: none due).
+# dedupe keys, $15 the snapshot (NULL: none due), $16 the events' schema versions.
 APPEND_SQL = f"""
 WITH stored AS (
     SELECT {EVENT_COLUMNS} FROM events
@@ -55,9 +61,10 @@ WITH stored AS (
     WHERE id = $12 AND last_seq = $13 AND NOT EXISTS (SELECT FROM stored)
     RETURNING id
 ), inserted AS (
-    INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
-    SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key
-    FROM moved, {_EVENTS_FROM_ARRAYS}
+    {_INSERT_EVENTS}
+    SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key,
+        e.schema_version
+    FROM moved, {_EVENTS_FROM_ARRAYS.replace("$V", "$16")}
 ), snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
     SELECT moved.id, $7, $15::text FROM moved WHERE $15::text IS NOT NULL
@@ -67,7 +74,7 @@ SELECT (SELECT count(*) FROM moved) AS moved, stored.*
 FROM (SELECT) AS one LEFT JOIN stored ON true
 """
 # A new thread already at its state, with its first events and any snapshot:
-# $13-$15 its team, channel and root_ts, $16 the snapshot.
+# $13-$15 its team, channel and root_ts, $16 the snapshot, $17 the events' versions.
 CREATE_SQL = f"""
 WITH created AS (
     INSERT INTO threads
@@ -76,9 +83,10 @@ WITH created AS (
     ON CONFLICT (team, channel, root_ts) DO NOTHING
     RETURNING id
 ), inserted AS (
-    INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key)
-    SELECT created.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key
-    FROM created, {_EVENTS_FROM_ARRAYS}
+    {_INSERT_EVENTS}
+    SELECT created.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key,
+        e.schema_version
+    FROM created, {_EVENTS_FROM_ARRAYS.replace("$V", "$17")}
 ), snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
     SELECT created.id, $7, $16::text FROM created WHERE $16::text IS NOT NULL
@@ -202,6 +210,16 @@ def _arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return [[r[name] for r in rows] for name in names]
 
 
+def _create_and_stamp(conn: sa.Connection) -> None:
+    """Create missing tables; stamp a new database at this release's schema revision
+    (one with tables already is left to ``opsloop migrate``, engine.migrations)."""
+    found = sa.inspect(conn).has_table("threads")
+    SQLModel.metadata.create_all(conn, tables=[THREADS, EVENTS, SNAPSHOTS])
+    if not found:
+        VERSION_TABLE.create(conn, checkfirst=True)
+        conn.execute(VERSION_TABLE.insert().values(version_num=HEAD))
+
+
 class PostgresStore(Store):
     DOWN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, *_SERVER_DOWN, OSError)
 
@@ -231,9 +249,7 @@ class PostgresStore(Store):
                 if self.config.schema:
                     name = self.config.schema.replace('"', '""')
                     await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
-                await conn.run_sync(
-                    SQLModel.metadata.create_all, tables=[THREADS, EVENTS, SNAPSHOTS]
-                )
+                await conn.run_sync(_create_and_stamp)
 
     async def ping(self) -> None:
         await self._run(lambda conn: conn.fetchval("SELECT 1"))
@@ -299,13 +315,16 @@ class PostgresStore(Store):
         moved = (state.last_seq, state.status, state.wake_at, state.requester, now)
         args = (*_arrays(rows), *moved, thread_id)
         keys = [r["dedupe_key"] for r in rows if r["dedupe_key"]]
+        versions = [r["schema_version"] for r in rows]
         try:
             if create is not None:
                 where = (create.team, create.channel, create.root_ts)
-                created = await self._run(lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot))
+                created = await self._run(
+                    lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot, versions)
+                )
                 return "written" if created == 1 else "moved"
             found = await self._run(
-                lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot)
+                lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot, versions)
             )
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new

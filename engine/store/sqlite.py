@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from engine.db import DatabaseConfig
+from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
@@ -54,8 +55,9 @@ UPDATE threads SET last_seq = ?, status = ?, wake_at = ?, requester = ?, updated
 WHERE id = ? AND last_seq = ?
 """
 INSERT_SQL = """
-INSERT INTO events (thread_id, seq, event_id, type, actor, created_at, dedupe_key, payload)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO events
+    (thread_id, seq, event_id, type, actor, created_at, dedupe_key, payload, schema_version)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SNAPSHOT_UPSERT_SQL = """
 INSERT INTO snapshots (thread_id, seq, state) VALUES (?, ?, ?)
@@ -339,7 +341,9 @@ class SqliteStore(Store):
 
     async def create_tables(self) -> None:
         """The tables as SQLModel describes them, compiled to SQLite's DDL and run in
-        one transaction (two processes starting together: one creates, one finds)."""
+        one transaction (two processes starting together: one creates, one finds). A
+        new database is stamped at this release's schema revision; one that has tables
+        already is left to ``opsloop migrate`` (engine.migrations)."""
         dialect = sqlite.dialect()
         statements = [
             str(cast(Any, ddl).compile(dialect=dialect)).strip()
@@ -349,10 +353,17 @@ class SqliteStore(Store):
                 *(CreateIndex(index, if_not_exists=True) for index in table.indexes),
             )
         ]
+        version_table = str(CreateTable(VERSION_TABLE).compile(dialect=dialect)).strip()
 
         def create(conn: sqlite3.Connection) -> None:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'threads'"
+            ).fetchone()
             for statement in statements:
                 conn.execute(statement)
+            if found is None:
+                conn.execute(version_table)
+                conn.execute("INSERT INTO alembic_version (version_num) VALUES (?)", (HEAD,))
 
         await self._write(create)
 
@@ -446,6 +457,7 @@ class SqliteStore(Store):
                     sql_time(r["created_at"]),
                     r["dedupe_key"],
                     r["payload"],
+                    r["schema_version"],
                 )
                 for r in rows
             ],

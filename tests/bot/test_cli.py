@@ -534,3 +534,92 @@ def test_a_busy_port_says_to_set_port_in_one_line(tmp_path: Path, command: str) 
         "(set PORT to another port)"
     )
     assert not (tmp_path / "x.db").exists()  # refused before anything started
+
+
+# --- the schema ---------------------------------------------------------------------
+
+
+def _revision(db: str) -> tuple[str | None, bool]:
+    from engine.migrations import inspect_schema
+
+    state = asyncio.run(inspect_schema(db))
+    return state.revision, state.stamped
+
+
+def test_migrate_takes_a_database_from_before_migrations_to_the_head(tmp_path: Path) -> None:
+    from engine.schema import BASELINE, HEAD
+    from tests.support.legacy import make_legacy_database
+
+    db = f"sqlite:///{tmp_path / 'old.db'}"
+    asyncio.run(make_legacy_database(db))
+    check = run_cli("migrate", "--check", db=db, cwd=tmp_path)
+    assert check.returncode == 1 and check.stderr == ""
+    assert f"schema revision {BASELINE}, this release's {HEAD}: older" in check.stdout
+
+    done = run_cli("migrate", db=db, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(f"schema migrated from {BASELINE} to revision {HEAD}")
+    assert _revision(db) == (HEAD, True)
+    again = run_cli("migrate", db=db, cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.strip().endswith(f"already at revision {HEAD}")
+    assert run_cli("migrate", "--check", db=db, cwd=tmp_path).returncode == 0
+    # The old thread reads as it was written.
+    trace = run_cli("trace", "thr_old", "--json", db=db, cwd=tmp_path)
+    assert json_lines(trace.stdout)[0]["type"] == "user_message"
+
+
+@pytest.mark.parametrize("command", ["serve", "socket", "local"])
+def test_serving_refuses_an_older_schema_in_one_line_and_changes_nothing(
+    tmp_path: Path, command: str
+) -> None:
+    from engine.schema import BASELINE
+    from tests.support.legacy import make_legacy_database
+
+    db = f"sqlite:///{tmp_path / 'old.db'}"
+    asyncio.run(make_legacy_database(db))
+    env = {**SECRETS, "SLACK_APP_TOKEN": "xapp-1-test", "PORT": str(_free_port())}
+    proc = run_cli(command, db=db, cwd=tmp_path, env=env)
+    line = assert_one_line_error(proc, "opsloop: ", "older", "opsloop migrate")
+    assert SECRETS["SLACK_BOT_TOKEN"] not in line
+    assert _revision(db) == (BASELINE, False)
+
+
+def test_serve_refuses_a_schema_newer_than_it_knows_even_with_auto_migrate(
+    tmp_path: Path,
+) -> None:
+    from tests.support.legacy import run_sql
+
+    db = f"sqlite:///{tmp_path / 'new.db'}"
+    assert run_cli("migrate", db=db, cwd=tmp_path).returncode == 0
+    asyncio.run(run_sql(db, "UPDATE alembic_version SET version_num = '0099'"))
+    env = {**SECRETS, "OPSLOOP_AUTO_MIGRATE": "true", "PORT": str(_free_port())}
+    proc = run_cli("serve", db=db, cwd=tmp_path, env=env)
+    assert_one_line_error(proc, "opsloop: ", "0099", "newer opsloop")
+    assert _revision(db) == ("0099", True)
+
+
+def test_auto_migrate_migrates_at_start(tmp_path: Path) -> None:
+    """The schema is migrated before anything else starts: here a broken tool module
+    then stops serve, after the migration."""
+    from engine.schema import HEAD
+    from tests.support.legacy import make_legacy_database
+
+    db = f"sqlite:///{tmp_path / 'old.db'}"
+    asyncio.run(make_legacy_database(db))
+    env = {
+        **SECRETS,
+        "OPSLOOP_AUTO_MIGRATE": "true",
+        "OPSLOOP_TOOLS": "no_such_tools_module",
+        "PORT": str(_free_port()),
+    }
+    proc = run_cli("serve", db=db, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    migrated, failed = proc.stderr.splitlines()
+    assert f'msg="database schema migrated from 0001 to {HEAD}"' in migrated
+    assert "no_such_tools_module" in failed
+    assert _revision(db) == (HEAD, True)
+
+
+def test_a_bad_auto_migrate_flag_is_one_line(tmp_path: Path) -> None:
+    proc = run_cli("serve", db=None, cwd=tmp_path, env={**SECRETS, "OPSLOOP_AUTO_MIGRATE": "maybe"})
+    assert_one_line_error(proc, "OPSLOOP_AUTO_MIGRATE", "'maybe'")

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from engine import events as ev
+from engine import mapper
 from engine.db import create_engine, parse_database_url
 from engine.errors import (
     ConcurrencyConflict,
@@ -440,6 +441,58 @@ async def test_corrupted_stored_event_names_thread_and_seq(
             await read(tid)
         message = str(info.value)
         assert tid in message and f"seq {seq}" in message
+
+
+# --- event schema versions ------------------------------------------------------------
+
+
+def _old_user_message(payload: mapper.Payload) -> mapper.Payload:
+    """An upcaster as a release that renamed a field would register: ``body`` -> ``text``."""
+    upcast = dict(payload)
+    upcast["text"] = upcast.pop("body")
+    return upcast
+
+
+async def stored_row(store: Store, thread_id: str, seq: int) -> tuple[str, int]:
+    select = sa.text("SELECT payload, schema_version FROM events WHERE thread_id = :t AND seq = :s")
+    async with store.engine.connect() as conn:
+        payload, version = (await conn.execute(select, {"t": thread_id, "s": seq})).one()
+    return payload, version
+
+
+async def test_an_event_of_an_older_schema_version_is_upcast_on_read_and_never_rewritten(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid = await thread_with(store, [user(), *answered()])
+    assert (await stored_row(store, tid, 1))[1] == 1  # every type is at version 1 today
+    # A later release: user_message v2 calls v1's ``body`` ``text``.
+    monkeypatch.setitem(mapper.UPCASTERS, ("user_message", 1), _old_user_message)
+    old_payload = '{"body": "deploy api to staging", "source": {}}'
+    await set_payload(store, tid, 1, old_payload)
+
+    for read in (store.select_events, store.load_for_projection):
+        events = await read(tid)
+        events = events[1] if isinstance(events, tuple) else events
+        assert isinstance(events[0], ev.UserMessage)
+        assert events[0].text == "deploy api to staging"
+    assert (await store.load(tid)).last_seq == 1 + len(answered())
+    assert await stored_row(store, tid, 1) == (old_payload, 1)  # the log is as written
+
+    state = await store.load(tid)
+    done = await store.append(tid, state.last_seq, [user("and web too")], state=state)
+    seq = done.events[0].seq
+    assert (await stored_row(store, tid, seq))[1] == 2  # new rows carry the new version
+    assert (await store.select_events(tid, after=seq - 1))[0].text == "and web too"
+
+
+async def test_an_event_of_a_newer_schema_version_is_reported_not_guessed(store: Store) -> None:
+    tid = await thread_with(store, [user()])
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            sa.text("UPDATE events SET schema_version = 7 WHERE thread_id = :t"), {"t": tid}
+        )
+    with pytest.raises(InvalidEvent, match=r"seq 1 .*schema version 7 is newer"):
+        await store.select_events(tid)
 
 
 async def test_unknown_thread_is_not_found(store: Store) -> None:

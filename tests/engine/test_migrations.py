@@ -1,0 +1,109 @@
+"""Alembic migrations: the head is what the store creates, a database made before
+migrations is the baseline, and a schema this release does not run against is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlmodel import SQLModel
+
+from engine.db import create_engine, parse_database_url
+from engine.events import UserMessage
+from engine.migrations import inspect_schema, known_revisions, migrate, prepare, script_head
+from engine.schema import BASELINE, HEAD, SchemaMismatch
+from engine.store import Store, ThreadKey
+from tests.support.legacy import make_legacy_database, run_sql
+
+
+async def _schema_diff(url: str) -> list[object]:
+    """What differs between the database and the SQLModel tables (autogenerate's view)."""
+    engine = create_engine(parse_database_url(url))
+    try:
+        async with engine.connect() as conn:
+            return await conn.run_sync(
+                lambda c: compare_metadata(MigrationContext.configure(c), SQLModel.metadata)
+            )
+    finally:
+        await engine.dispose()
+
+
+def test_head_is_the_last_migration() -> None:
+    assert script_head() == HEAD
+    assert {BASELINE, HEAD} <= known_revisions()
+
+
+async def test_migrations_build_exactly_the_tables_the_store_declares(db_url: str) -> None:
+    before, after = await migrate(db_url)
+    assert before.revision is None
+    assert after.revision == HEAD and after.stamped
+    assert await _schema_diff(db_url) == []  # a table change without a migration fails here
+
+
+async def test_a_new_database_is_created_at_the_head_by_the_store(db_url: str) -> None:
+    store = await Store.open(db_url)
+    await store.close()
+    state = await inspect_schema(db_url)
+    assert (state.revision, state.stamped) == (HEAD, True)
+    assert await _schema_diff(db_url) == []
+    await prepare(db_url, auto_migrate=False)  # serve accepts it
+
+
+async def test_a_database_from_before_migrations_is_the_baseline_and_upgrades(
+    db_url: str,
+) -> None:
+    await make_legacy_database(db_url)
+    state = await inspect_schema(db_url)
+    assert (state.revision, state.stamped) == (BASELINE, False)
+
+    with pytest.raises(SchemaMismatch) as refused:
+        await prepare(db_url, auto_migrate=False)
+    assert "older" in str(refused.value) and "opsloop migrate" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert (await inspect_schema(db_url)).stamped is False  # refusing changes nothing
+
+    before, after = await migrate(db_url)
+    assert before.revision == BASELINE and after.revision == HEAD
+    assert await _schema_diff(db_url) == []
+
+    store = await Store.open(db_url)
+    try:
+        [old] = await store.select_events("thr_old")
+        assert isinstance(old, UserMessage) and old.text == "deploy api"
+        assert (await store.load("thr_old")).last_seq == 1
+        _, done = await store.append_input(
+            ThreadKey("T1", "C2", "2.0"),
+            lambda _s: UserMessage(actor="U1", text="hi"),
+        )
+        assert done.events[0].seq == 1
+    finally:
+        await store.close()
+
+
+async def test_auto_migrate_upgrades_an_older_schema_at_start(db_url: str) -> None:
+    await make_legacy_database(db_url)
+    before, after = await prepare(db_url, auto_migrate=True)
+    assert before.revision == BASELINE
+    assert (after.revision, after.stamped) == (HEAD, True)
+
+
+async def test_a_schema_newer_than_this_release_is_refused_even_with_auto_migrate(
+    db_url: str,
+) -> None:
+    await migrate(db_url)
+    await run_sql(db_url, "UPDATE alembic_version SET version_num = '9999_future'")
+    for auto in (False, True):
+        with pytest.raises(SchemaMismatch, match=r"9999_future.*does not know"):
+            await prepare(db_url, auto_migrate=auto)
+    with pytest.raises(SchemaMismatch):
+        await migrate(db_url)
+    assert (await inspect_schema(db_url)).revision == "9999_future"
+
+
+async def test_two_processes_migrating_at_once_both_end_at_the_head(db_url: str) -> None:
+    await make_legacy_database(db_url)
+    results = await asyncio.gather(migrate(db_url), migrate(db_url))
+    assert {after.revision for _, after in results} == {HEAD}
+    assert await _schema_diff(db_url) == []
