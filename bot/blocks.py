@@ -6,9 +6,8 @@ status line, the reject-reason modal, and the plain ``text`` sent alongside for
 notifications. Every text that the model, a tool or a person wrote goes through
 :func:`bot.mrkdwn.escape`; our own mentions and dates are the only ``<…>`` tokens.
 
-Every renderer keeps within Slack's limits (:mod:`bot.limits`, whose names are
-re-exported here: :func:`check_limits` lists violations and the tests run it on every
-renderer with oversized inputs).
+Every renderer keeps within Slack's limits (:mod:`bot.limits`: its ``check_limits``
+lists violations and the tests run it on every renderer with oversized inputs).
 
 Pure: no I/O here.
 """
@@ -44,13 +43,7 @@ from engine import events as ev
 from engine.state import PendingCall, SaidSince, ThreadState
 from engine.trace import summarize
 
-# Moved to bot.limits; still importable from here.
-MAX_ACTIONS_ELEMENTS = limits.MAX_ACTIONS_ELEMENTS
-MAX_FIELDS = limits.MAX_FIELDS
-MAX_INPUT_LENGTH = limits.MAX_INPUT_LENGTH
-MAX_PRIVATE_METADATA = limits.MAX_PRIVATE_METADATA
-MAX_URL = limits.MAX_URL
-MAX_VIEW_BLOCKS = limits.MAX_VIEW_BLOCKS
+# Still importable from here for the tests that check renderings (bot.limits has it).
 check_limits = limits.check_limits
 
 Outcome = Literal["approved", "rejected", "expired", "cancelled"]
@@ -77,32 +70,10 @@ LINE_EXCERPT = 300  # a compact line shows this much of arguments, outputs, erro
 CARD_ARGUMENTS = 2800
 NOTE_EXCERPT = 150  # a card quotes this much of a message written since it was posted
 
-# Events shown by event_line; the approval events are shown by the card instead.
-SHOWN_TYPES = frozenset(
-    {
-        "tool_call_requested",
-        "tool_result",
-        "retry_scheduled",
-        "wait_started",
-        "wait_finished",
-        "wait_timed_out",
-        "clarification_requested",
-        "decision_rejected",
-        "error",
-        "final_answer",
-        "thread_cancelled",
-    }
-)
-CARD_TYPES = frozenset(
-    {
-        "approval_requested",
-        "approval_granted",
-        "approval_rejected",
-        "approval_expired",
-        "tool_outcome_unknown",
-        "reconcile_decided",
-    }
-)
+# How people see each type is one of its facts (engine.events.Facts): a line of its own
+# (rendered by ``LINES``), or on the approval or reconcile card.
+SHOWN_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "line")
+CARD_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "card")
 # Statuses in which the thread can be cancelled (the reducer refuses it when "new").
 ACTIVE = frozenset(
     {
@@ -633,7 +604,7 @@ def event_line(
     requester's included) are named as mentions where the model's text has their id.
     A ``tool_call_requested`` that needs approval is shown by its card, not here.
     """
-    render = _LINES.get(event.type)
+    render = LINES.get(type(event))
     named = people | {requester} if requester else people
     return render(event, _Seen(tool_name, requester, named)) if render else None
 
@@ -716,18 +687,19 @@ def _cancelled(e: ev.ThreadCancelled, seen: _Seen) -> list[Block]:
     return [_context(f"🚫 Cancelled by {mention(e.actor)}{why}")]
 
 
-_LINES: dict[str, Callable[[Any, _Seen], list[Block] | None]] = {
-    "tool_call_requested": _tool_call,
-    "tool_result": _tool_result,
-    "retry_scheduled": _retry,
-    "wait_started": _wait_started,
-    "wait_finished": _wait_finished,
-    "wait_timed_out": _wait_timed_out,
-    "clarification_requested": _question,
-    "decision_rejected": _decision_rejected,
-    "error": _error,
-    "final_answer": _final_answer,
-    "thread_cancelled": _cancelled,
+# One renderer per type people see as a line (``Facts.people == "line"``; a test checks).
+LINES: dict[type[ev.Event], Callable[[Any, _Seen], list[Block] | None]] = {
+    ev.ToolCallRequested: _tool_call,
+    ev.ToolResult: _tool_result,
+    ev.RetryScheduled: _retry,
+    ev.WaitStarted: _wait_started,
+    ev.WaitFinished: _wait_finished,
+    ev.WaitTimedOut: _wait_timed_out,
+    ev.ClarificationRequested: _question,
+    ev.DecisionRejected: _decision_rejected,
+    ev.ErrorRaised: _error,
+    ev.FinalAnswer: _final_answer,
+    ev.ThreadCancelled: _cancelled,
 }
 
 

@@ -40,13 +40,20 @@ from engine.state import ThreadState, apply
 
 METADATA_TYPE = "opsloop_event"
 # The events that close an open approval card, and what the card then says.
-_OUTCOMES: dict[str, bk.Outcome] = {
-    "approval_granted": "approved",
-    "approval_rejected": "rejected",
-    "approval_expired": "expired",
-    "thread_cancelled": "cancelled",
+OUTCOMES: dict[type[ev.Event], bk.Outcome] = {
+    ev.ApprovalGranted: "approved",
+    ev.ApprovalRejected: "rejected",
+    ev.ApprovalExpired: "expired",
+    ev.ThreadCancelled: "cancelled",
 }
 Card = ev.ApprovalRequested | ev.ToolOutcomeUnknown  # the event a card's metadata names
+# What posts a card, and what settles a reconcile card: with OUTCOMES, every type people
+# see on a card (``Facts.people == "card"``; a test checks none is left out).
+CARD_POSTS: tuple[type[ev.ApprovalRequested], type[ev.ToolOutcomeUnknown]] = (
+    ev.ApprovalRequested,
+    ev.ToolOutcomeUnknown,
+)
+RECONCILE_OUTCOMES: tuple[type[ev.ReconcileDecided]] = (ev.ReconcileDecided,)
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ def pending_deliveries(
         cid = getattr(e, "tool_call_id", None) or ""
         if isinstance(e, ev.ToolCallRequested):
             calls[e.tool_call_id] = e
-        elif isinstance(e, ev.ApprovalRequested | ev.ToolOutcomeUnknown) and cid in calls:
+        elif isinstance(e, CARD_POSTS) and cid in calls:
             if not shown:
                 out.append(Outbound("post", e, requester, calls[cid], people=people))
             if isinstance(e, ev.ApprovalRequested):
@@ -167,12 +174,12 @@ def pending_deliveries(
             continue
         closing: list[tuple[ev.ApprovalRequested, str]] = []
         settled: list[tuple[ev.ToolOutcomeUnknown, str]] = []
-        if e.type == "thread_cancelled":
+        if isinstance(e, ev.ThreadCancelled):
             closing, cards = list(cards.values()), {}
             settled, checks = list(checks.values()), {}
-        elif e.type in _OUTCOMES and (open_card := cards.pop(cid, None)):
+        elif type(e) in OUTCOMES and (open_card := cards.pop(cid, None)):
             closing = [open_card]
-        elif e.type == "reconcile_decided" and (open_check := checks.pop(cid, None)):
+        elif isinstance(e, RECONCILE_OUTCOMES) and (open_check := checks.pop(cid, None)):
             settled = [open_check]
         for card, ts in closing:
             if (stale := noted.pop(card.tool_call_id, None)) is not None:
@@ -181,7 +188,8 @@ def pending_deliveries(
                 call = calls[card.tool_call_id]
                 notes = _notes(before, card.tool_call_id)
                 # The votes the card had, and the one that met the quorum.
-                votes = _votes(state if e.type == "approval_granted" else before, call.tool_call_id)
+                voted = state if isinstance(e, ev.ApprovalGranted) else before
+                votes = _votes(voted, call.tool_call_id)
                 out.append(
                     Outbound(
                         "update",
@@ -267,7 +275,7 @@ def _awaits_votes(state: ThreadState, call_id: str) -> bool:
 def _has_line(e: ev.AnyEvent) -> bool:
     if isinstance(e, ev.ToolCallRequested):
         return e.policy != "approve_before_run"  # its approval card shows it
-    return e.type in bk.SHOWN_TYPES
+    return e.facts.people == "line"
 
 
 def render(item: Outbound) -> list[bk.Block]:
@@ -283,14 +291,14 @@ def render(item: Outbound) -> list[bk.Block]:
         return _open_card(item, item.card)
     if item.kind == "update":
         assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
-        by = None if e.type == "approval_expired" or e.actor == "system" else e.actor
+        by = None if isinstance(e, ev.ApprovalExpired) or e.actor == "system" else e.actor
         return bk.decided_card(
             thread_id=e.thread_id,
             requester=item.requester,
             call=item.call,
             reason=item.card.reason,
             expires_at=item.card.expires_at,
-            outcome=_OUTCOMES[e.type],
+            outcome=OUTCOMES[type(e)],
             by=by,
             at=e.created_at,
             decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",

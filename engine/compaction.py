@@ -5,7 +5,8 @@ event whose ``summary`` replaces the events up to ``upto_seq`` in every later pr
 The summary is a pure function of those events (and of the previous summary), so it
 is reproducible; it is stored anyway, so a replay never depends on this code's
 version. What people said, and every reviewer's rejection, is always kept; tool steps
-are kept newest first until the summary's size cap.
+are kept newest first until the summary's size cap (``Facts.summary`` of each type says
+which is which).
 
 Pure: no I/O here.
 """
@@ -22,23 +23,6 @@ MAX_SUMMARY_CHARS = 6000
 MAX_PREVIOUS_CHARS = 2500
 HUMAN_WIDTH = 300
 STEP_WIDTH = 100
-
-# What a summary keeps whatever its size: people's words and their constraints.
-_KEEP = frozenset(
-    {"user_message", "clarification_answered", "approval_rejected", "thread_cancelled"}
-)
-_SHOWN = _KEEP | {
-    "clarification_requested",
-    "tool_call_requested",
-    "tool_result",
-    "approval_granted",
-    "approval_expired",
-    "wait_finished",
-    "wait_timed_out",
-    "decision_rejected",
-    "error",
-    "final_answer",
-}
 
 
 @dataclass(frozen=True)
@@ -71,9 +55,11 @@ class Digest:
         if isinstance(e, ev.UserMessage) and self.task is None and self.previous is None:
             self.task = one_line(f"[{e.actor}] {self.said(e)}", 1000)
             return
-        if e.type not in _SHOWN:
+        # Each type's place in a summary is one of its facts (engine.events.Facts).
+        role = e.facts.summary
+        if role == "omitted":
             return
-        keep = e.type in _KEEP
+        keep = role == "kept"
         text = one_line(f"seq {e.seq} {e.actor} {e.type}: {summarize(e)}", STEP_WIDTH)
         if keep:
             if isinstance(e, ev.UserMessage | ev.ClarificationAnswered):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -160,64 +160,116 @@ def _json(value: Any, source: ev.Event) -> str:
     return text
 
 
+# --- one projection branch per event type the model sees (``Facts.model``) --------------
+
+
+def _user_message(conv: _Conversation, e: ev.UserMessage, version: str) -> None:
+    conv.say(f"[{e.actor}] {words(e, version)}")
+
+
+def _model_decision(conv: _Conversation, e: ev.ModelDecision, version: str) -> None:
+    blocks: list[dict[str, Any]] = []
+    if e.text or e.tool_name is None:
+        blocks.append({"type": "text", "text": e.text or "(empty reply)"})
+    if e.tool_name is not None and e.tool_call_id:
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": e.tool_call_id,
+                "name": e.tool_name,
+                "input": e.arguments or {},
+            }
+        )
+        conv.open_call = e.tool_call_id
+    conv.add("assistant", blocks)
+
+
+def _decision_rejected(conv: _Conversation, e: ev.DecisionRejected, version: str) -> None:
+    conv.answer(e.tool_call_id, f"Rejected by validation: {e.reason}", error=True)
+
+
+def _tool_call_requested(conv: _Conversation, e: ev.ToolCallRequested, version: str) -> None:
+    # Only a call the policy refused is answered here; the others await their result.
+    if e.policy == "reject":
+        conv.answer(e.tool_call_id, f"Not run: the policy refused it: {e.reason}", error=True)
+
+
+def _reconcile_decided(conv: _Conversation, e: ev.ReconcileDecided, version: str) -> None:
+    # A retry leaves the call open (its next attempt answers it): nothing shown.
+    if e.decision == "happened":
+        note = e.note or "a person confirmed it happened"
+        conv.answer(e.tool_call_id, f"<@{e.reviewer}> says it happened: {note}")
+    elif e.decision == "abandon":
+        why = f": {e.note}" if e.note else ""
+        conv.answer(
+            e.tool_call_id, f"Not run: <@{e.reviewer}> says it did not happen{why}", error=True
+        )
+
+
+def _approval_rejected(conv: _Conversation, e: ev.ApprovalRejected, version: str) -> None:
+    why = f": {e.reason}" if e.reason else " (no reason given)"
+    conv.answer(e.tool_call_id, f"Reviewer {e.actor} rejected this call{why}", error=True)
+
+
+def _approval_expired(conv: _Conversation, e: ev.ApprovalExpired, version: str) -> None:
+    conv.answer(e.tool_call_id, "Nobody approved this call in time.", error=True)
+
+
+def _tool_result(conv: _Conversation, e: ev.ToolResult, version: str) -> None:
+    if e.ok:
+        conv.answer(e.tool_call_id, _json(e.output, e))
+    else:
+        conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True)
+
+
+def _wait_finished(conv: _Conversation, e: ev.WaitFinished, version: str) -> None:
+    conv.answer(e.tool_call_id, _json(e.result, e))
+
+
+def _wait_timed_out(conv: _Conversation, e: ev.WaitTimedOut, version: str) -> None:
+    conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
+
+
+def _clarification_answered(conv: _Conversation, e: ev.ClarificationAnswered, version: str) -> None:
+    conv.answer(e.tool_call_id, f"[{e.actor}] {words(e, version)}")
+
+
+def _thread_cancelled(conv: _Conversation, e: ev.ThreadCancelled, version: str) -> None:
+    why = f": {e.reason}" if e.reason else "."
+    conv.close_or_say(
+        f"Not run: <@{e.actor}> cancelled this thread{why}",
+        f"[system] {e.actor} cancelled this thread. {e.reason}".strip(),
+    )
+
+
+def _error(conv: _Conversation, e: ev.ErrorRaised, version: str) -> None:
+    conv.close_or_say(f"opsloop error: {e.message}", f"[system] error: {e.message}")
+
+
+# Keyed by event class: exactly the types whose ``Facts.model`` is true, except
+# ``context_compacted`` (``Projector`` replaces earlier messages by its summary). The
+# others (approvals asked, posts, refusals, retries) are not the model's business.
+PROJECTIONS: dict[type[ev.Event], Callable[[_Conversation, Any, str], None]] = {
+    ev.UserMessage: _user_message,
+    ev.ClarificationAnswered: _clarification_answered,
+    ev.ThreadCancelled: _thread_cancelled,
+    ev.ModelDecision: _model_decision,
+    ev.DecisionRejected: _decision_rejected,
+    ev.ToolCallRequested: _tool_call_requested,
+    ev.ApprovalRejected: _approval_rejected,
+    ev.ApprovalExpired: _approval_expired,
+    ev.ToolResult: _tool_result,
+    ev.ReconcileDecided: _reconcile_decided,
+    ev.WaitFinished: _wait_finished,
+    ev.WaitTimedOut: _wait_timed_out,
+    ev.ErrorRaised: _error,
+}
+
+
 def _project_event(conv: _Conversation, e: ev.Event, version: str) -> None:
-    match e:
-        case ev.UserMessage():
-            conv.say(f"[{e.actor}] {words(e, version)}")
-        case ev.ModelDecision():
-            blocks: list[dict[str, Any]] = []
-            if e.text or e.tool_name is None:
-                blocks.append({"type": "text", "text": e.text or "(empty reply)"})
-            if e.tool_name is not None and e.tool_call_id:
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": e.tool_call_id,
-                        "name": e.tool_name,
-                        "input": e.arguments or {},
-                    }
-                )
-                conv.open_call = e.tool_call_id
-            conv.add("assistant", blocks)
-        case ev.DecisionRejected():
-            conv.answer(e.tool_call_id, f"Rejected by validation: {e.reason}", error=True)
-        case ev.ToolCallRequested(policy="reject"):
-            conv.answer(e.tool_call_id, f"Not run: the policy refused it: {e.reason}", error=True)
-        case ev.ReconcileDecided():
-            # Until a person said what became of it, the call stays open (nothing shown).
-            if e.decision == "happened":
-                note = e.note or "a person confirmed it happened"
-                conv.answer(e.tool_call_id, f"<@{e.reviewer}> says it happened: {note}")
-            elif e.decision == "abandon":
-                why = f": {e.note}" if e.note else ""
-                text = f"Not run: <@{e.reviewer}> says it did not happen{why}"
-                conv.answer(e.tool_call_id, text, error=True)
-        case ev.ApprovalRejected():
-            why = f": {e.reason}" if e.reason else " (no reason given)"
-            conv.answer(e.tool_call_id, f"Reviewer {e.actor} rejected this call{why}", error=True)
-        case ev.ApprovalExpired():
-            conv.answer(e.tool_call_id, "Nobody approved this call in time.", error=True)
-        case ev.ToolResult():
-            if e.ok:
-                conv.answer(e.tool_call_id, _json(e.output, e))
-            else:
-                conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True)
-        case ev.WaitFinished():
-            conv.answer(e.tool_call_id, _json(e.result, e))
-        case ev.WaitTimedOut():
-            conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
-        case ev.ClarificationAnswered():
-            conv.answer(e.tool_call_id, f"[{e.actor}] {words(e, version)}")
-        case ev.ThreadCancelled():
-            why = f": {e.reason}" if e.reason else "."
-            conv.close_or_say(
-                f"Not run: <@{e.actor}> cancelled this thread{why}",
-                f"[system] {e.actor} cancelled this thread. {e.reason}".strip(),
-            )
-        case ev.ErrorRaised():
-            conv.close_or_say(f"opsloop error: {e.message}", f"[system] error: {e.message}")
-        case _:
-            pass  # approvals asked, posts, refusals, retries: not the model's business
+    branch = PROJECTIONS.get(type(e))
+    if branch is not None:
+        branch(conv, e, version)
 
 
 def _canon(value: Any) -> str:
@@ -277,7 +329,7 @@ class Projector:
     def feed(self, events: Iterable[ev.Event]) -> Projector:
         conv = self._conv
         for e in events:
-            if e.type == "model_decision" and e.seq and self._clean():
+            if isinstance(e, ev.ModelDecision) and e.seq and self._clean():
                 self._boundaries[e.seq - 1] = len(self._conv.messages)
             if isinstance(e, ev.ContextCompacted):
                 self._compact(e)

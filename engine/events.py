@@ -6,14 +6,24 @@ union of all event types is discriminated on ``type``. Events are built by code 
 *drafts* (envelope not yet stamped) and stamped by the store when appended, which gives
 them their ``seq`` and ``event_id``.
 
+Each event type declares its :class:`Facts` (is it an input, how people and the model
+see it); the tables elsewhere derive from them. What each type *does* stays in the
+module that does it, in a table keyed by the event class (the reducer's branch, the
+trace summary, the prompt projection, the Slack line), and a test over
+``EVENT_CLASSES`` names any type a table forgot. Adding an event type: its class here
+(with its facts, in ``AnyEvent``), its reducer branch and its trace summary; a
+projection branch if the model sees it, a line renderer if people see it as a line.
+
 Pure: no I/O here.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -40,10 +50,43 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# How people see an event in the thread: a line of its own, on a card (the approval or
+# reconcile card, posted or updated), or not at all.
+Shown = Literal["line", "card", "nothing"]
+# What a compaction summary does with an event: always keeps it (people's words and
+# their constraints), keeps it as a step while there is room, or leaves it out.
+Summarised = Literal["kept", "step", "omitted"]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What holds for every event of a type, declared once on its class.
+
+    ``input``: a person or another system feeds it in and the runner reacts to it.
+    ``people``: how the thread shows it (bot.blocks renders the lines). ``model``: the
+    prompt projection shows it to the model (engine.context has its branch).
+    ``summary``: its place in a compaction summary (engine.compaction).
+    """
+
+    input: bool
+    people: Shown
+    model: bool
+    summary: Summarised
+
+
 class Event(BaseModel):
     """Envelope shared by every event. ``seq`` is 0 on a draft, >= 1 once stored."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    facts: ClassVar[Facts]
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Every event type declares its facts itself: an inherited default would let a
+        # new type slip into every table unnoticed.
+        super().__pydantic_init_subclass__(**kwargs)
+        if not isinstance(cls.__dict__.get("facts"), Facts):
+            raise TypeError(f"event class {cls.__name__} must declare facts = Facts(...)")
 
     type: str
     thread_id: str = ""
@@ -60,6 +103,7 @@ class Event(BaseModel):
 
 class UserMessage(Event):
     type: Literal["user_message"] = "user_message"
+    facts = Facts(input=True, people="nothing", model=True, summary="kept")
     text: str
     # Where it came from (a Slack channel and message ts, say); opaque to the engine.
     source: JsonDict = Field(default_factory=dict)
@@ -67,6 +111,7 @@ class UserMessage(Event):
 
 class ClarificationAnswered(Event):
     type: Literal["clarification_answered"] = "clarification_answered"
+    facts = Facts(input=True, people="nothing", model=True, summary="kept")
     tool_call_id: str
     text: str
     # As on ``user_message``: where the answer came from, opaque to the engine.
@@ -75,6 +120,7 @@ class ClarificationAnswered(Event):
 
 class ThreadCancelled(Event):
     type: Literal["thread_cancelled"] = "thread_cancelled"
+    facts = Facts(input=True, people="line", model=True, summary="kept")
     reason: str = ""
 
 
@@ -94,6 +140,7 @@ class ModelDecision(Event):
     """What the model proposed, verbatim, before validation and policy."""
 
     type: Literal["model_decision"] = "model_decision"
+    facts = Facts(input=False, people="nothing", model=True, summary="omitted")
     text: str = ""
     tool_name: str | None = None
     tool_call_id: str | None = None
@@ -111,17 +158,20 @@ class ModelDecision(Event):
 
 class DecisionRejected(Event):
     type: Literal["decision_rejected"] = "decision_rejected"
+    facts = Facts(input=False, people="line", model=True, summary="step")
     tool_call_id: str | None = None
     reason: str
 
 
 class FinalAnswer(Event):
     type: Literal["final_answer"] = "final_answer"
+    facts = Facts(input=False, people="line", model=False, summary="step")
     text: str
 
 
 class ClarificationRequested(Event):
     type: Literal["clarification_requested"] = "clarification_requested"
+    facts = Facts(input=False, people="line", model=False, summary="step")
     tool_call_id: str
     question: str
 
@@ -143,6 +193,7 @@ class ToolCallRequested(Event):
     """
 
     type: Literal["tool_call_requested"] = "tool_call_requested"
+    facts = Facts(input=False, people="line", model=True, summary="step")
     tool_call_id: str
     intent: str
     arguments: JsonDict
@@ -160,6 +211,7 @@ class ToolCallRequested(Event):
 
 class ApprovalRequested(Event):
     type: Literal["approval_requested"] = "approval_requested"
+    facts = Facts(input=False, people="card", model=False, summary="omitted")
     tool_call_id: str
     arguments_hash: str
     expires_at: AwareDatetime
@@ -171,11 +223,13 @@ class ApprovalGranted(Event):
     have voted (the actor is the reviewer)."""
 
     type: Literal["approval_granted"] = "approval_granted"
+    facts = Facts(input=True, people="card", model=False, summary="step")
     tool_call_id: str
 
 
 class ApprovalRejected(Event):
     type: Literal["approval_rejected"] = "approval_rejected"
+    facts = Facts(input=True, people="card", model=True, summary="kept")
     tool_call_id: str
     reason: str = ""
 
@@ -186,6 +240,7 @@ class ApprovalRefused(Event):
     names no call)."""
 
     type: Literal["approval_refused"] = "approval_refused"
+    facts = Facts(input=True, people="nothing", model=False, summary="omitted")
     tool_call_id: str | None = None
     decision: RefusedDecision
     reason: str
@@ -193,6 +248,7 @@ class ApprovalRefused(Event):
 
 class ApprovalExpired(Event):
     type: Literal["approval_expired"] = "approval_expired"
+    facts = Facts(input=False, people="card", model=True, summary="step")
     tool_call_id: str
 
 
@@ -200,12 +256,14 @@ class ToolStarted(Event):
     """Written before the side effect: the intent to run attempt ``attempt``."""
 
     type: Literal["tool_started"] = "tool_started"
+    facts = Facts(input=False, people="nothing", model=False, summary="omitted")
     tool_call_id: str
     attempt: int = Field(ge=1)
 
 
 class ToolResult(Event):
     type: Literal["tool_result"] = "tool_result"
+    facts = Facts(input=False, people="line", model=True, summary="step")
     tool_call_id: str
     attempt: int = Field(ge=1)
     ok: bool
@@ -219,6 +277,7 @@ class ToolOutcomeUnknown(Event):
     happened is unknown, so nothing runs again until a person says."""
 
     type: Literal["tool_outcome_unknown"] = "tool_outcome_unknown"
+    facts = Facts(input=False, people="card", model=False, summary="omitted")
     tool_call_id: str
     attempt: int = Field(ge=1)
     started_at: AwareDatetime | None = None  # when the interrupted attempt started
@@ -231,6 +290,7 @@ class ReconcileDecided(Event):
     or ``abandon`` (it did not happen: an error result)."""
 
     type: Literal["reconcile_decided"] = "reconcile_decided"
+    facts = Facts(input=True, people="card", model=True, summary="omitted")
     tool_call_id: str
     decision: ReconcileDecision
     reviewer: str
@@ -244,6 +304,7 @@ class RetryScheduled(Event):
     """
 
     type: Literal["retry_scheduled"] = "retry_scheduled"
+    facts = Facts(input=False, people="line", model=False, summary="omitted")
     tool_call_id: str | None = None
     attempt: int = Field(ge=1)
     wake_at: AwareDatetime
@@ -252,6 +313,7 @@ class RetryScheduled(Event):
 
 class WaitStarted(Event):
     type: Literal["wait_started"] = "wait_started"
+    facts = Facts(input=False, people="line", model=False, summary="omitted")
     tool_call_id: str
     wait_id: str
     description: str
@@ -263,6 +325,7 @@ class WaitStarted(Event):
 
 class WaitFinished(Event):
     type: Literal["wait_finished"] = "wait_finished"
+    facts = Facts(input=True, people="line", model=True, summary="step")
     tool_call_id: str
     wait_id: str
     result: JsonDict = Field(default_factory=dict)
@@ -270,6 +333,7 @@ class WaitFinished(Event):
 
 class WaitTimedOut(Event):
     type: Literal["wait_timed_out"] = "wait_timed_out"
+    facts = Facts(input=False, people="line", model=True, summary="step")
     tool_call_id: str
     wait_id: str
 
@@ -281,6 +345,7 @@ class ErrorRaised(Event):
     """Something went wrong that the model cannot fix by itself; the thread fails."""
 
     type: Literal["error"] = "error"
+    facts = Facts(input=False, people="line", model=True, summary="step")
     message: str
     kind: str = "error"
 
@@ -289,6 +354,7 @@ class MessagePosted(Event):
     """A delivery receipt: the front door showed event ``shows_event_id`` to people."""
 
     type: Literal["message_posted"] = "message_posted"
+    facts = Facts(input=False, people="nothing", model=False, summary="omitted")
     shows_event_id: str
     channel: str = ""
     ts: str = ""
@@ -302,6 +368,7 @@ class ContextCompacted(Event):
     """
 
     type: Literal["context_compacted"] = "context_compacted"
+    facts = Facts(input=False, people="nothing", model=True, summary="omitted")
     upto_seq: int = Field(ge=1)
     summary: str
     method: Literal["deterministic", "model"] = "deterministic"
@@ -336,24 +403,27 @@ AnyEvent = Annotated[
 ]
 
 EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
-EVENT_TYPES: tuple[str, ...] = tuple(
-    cls.model_fields["type"].default
-    for cls in Event.__subclasses__()  # every concrete type subclasses Event directly
-)
+# Every concrete type subclasses Event directly (a test checks they are AnyEvent's).
+EVENT_CLASSES: tuple[type[Event], ...] = tuple(Event.__subclasses__())
 
+
+def type_name(cls: type[Event]) -> str:
+    """The ``type`` tag of an event class."""
+    name: str = cls.model_fields["type"].default
+    return name
+
+
+EVENT_TYPES: tuple[str, ...] = tuple(type_name(cls) for cls in EVENT_CLASSES)
 # Events a person or another system feeds in; the runner reacts to them.
-INPUT_TYPES = frozenset(
-    {
-        "user_message",
-        "clarification_answered",
-        "thread_cancelled",
-        "approval_granted",
-        "approval_rejected",
-        "approval_refused",
-        "reconcile_decided",
-        "wait_finished",
-    }
-)
+INPUT_TYPES = frozenset(type_name(c) for c in EVENT_CLASSES if c.facts.input)
+
+
+def missing_from(
+    table: Collection[type[Event]], among: Sequence[type[Event]] = EVENT_CLASSES
+) -> list[str]:
+    """The types of ``among`` that ``table`` (event classes, or a dict keyed by them)
+    has no entry for: a completeness test asserts this is empty, naming what is left out."""
+    return [type_name(cls) for cls in among if cls not in table]
 
 
 def parse_event(data: dict[str, Any]) -> AnyEvent:

@@ -2,7 +2,8 @@
 
 Each one appends one input event (deduplicated by its delivery key) in one short
 transaction and returns at once; the caller then kicks the runner. None of them calls
-the model or a tool. Concurrent inputs meet ``ConcurrencyConflict`` and re-read.
+the model or a tool. Concurrent inputs meet ``ConcurrencyConflict`` and re-read
+(:func:`engine.retrying.retrying`, the writers' one retry helper).
 
 Whether a person may decide something is asked in one place, :func:`may_decide`: every
 click (approve, the reject button before its modal, the modal's submission, the
@@ -14,18 +15,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from engine import events as ev
-from engine.errors import ConcurrencyConflict, ThreadNotFound
+from engine.errors import ThreadNotFound
 from engine.events import utcnow
 from engine.policy import ApproverPolicy
 from engine.policy import arguments_hash as call_hash
+from engine.retrying import retrying
 from engine.state import PendingCall, ThreadState
 from engine.store import Store, ThreadKey
-
-T = TypeVar("T")
-_ATTEMPTS = 50
 
 # Which of these S… user groups is the user in; may raise (the front door maps its
 # lookup error to "try again").
@@ -88,15 +87,6 @@ class Refused:
     event: ev.AnyEvent | None = None
 
 
-async def _retrying(op: Callable[[], Awaitable[T]]) -> T:
-    for _ in range(_ATTEMPTS):
-        try:
-            return await op()
-        except ConcurrencyConflict:
-            continue
-    return await op()
-
-
 async def _append_one(
     store: Store, thread_id: str, state: ThreadState, event: ev.Event
 ) -> Accepted:
@@ -133,7 +123,7 @@ async def post_user_message(
         thread_id, done = await store.append_input(key, build, dedupe_key=dedupe_key, start=start)
         return Accepted(thread_id, done.events[0], done.deduplicated)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 async def answer_clarification(
@@ -150,7 +140,7 @@ async def answer_clarification(
         )
         return await _append_one(store, thread_id, state, event)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 def reviewer_rule(call: PendingCall | None, policy: ApproverPolicy) -> ApproverPolicy:
@@ -276,7 +266,7 @@ async def decide_approval(
             )
         return await _append_one(store, thread_id, state, event)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 async def _seen(store: Store, thread_id: str, dedupe_key: str) -> Accepted | Refused | None:
@@ -284,8 +274,8 @@ async def _seen(store: Store, thread_id: str, dedupe_key: str) -> Accepted | Ref
     seen = await store.find_by_dedupe_key(thread_id, dedupe_key)
     if seen is None:
         return None
-    if seen.type == "approval_refused":
-        return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
+    if isinstance(seen, ev.ApprovalRefused):
+        return Refused(thread_id, seen.reason, seen)
     return Accepted(thread_id, seen, deduplicated=True)
 
 
@@ -306,8 +296,8 @@ async def check_decision(
 
     async def once() -> Decidable | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
-            if seen.type == "approval_refused":
-                return Refused(thread_id, seen.reason, seen)  # type: ignore[union-attr]
+            if isinstance(seen, ev.ApprovalRefused):
+                return Refused(thread_id, seen.reason, seen)
         state = await store.load(thread_id)
         why = await may_decide(
             store,
@@ -326,7 +316,7 @@ async def check_decision(
         assert state.pending is not None  # may_decide checked it is this call
         return Decidable(thread_id, tool_call_id, state.pending.intent)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 async def why_refused(
@@ -397,7 +387,7 @@ async def decide_reconcile(
         )
         return await _append_one(store, thread_id, state, event)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 async def check_reconcile(
@@ -444,12 +434,14 @@ async def why_not_reconcilable(
         return None
     unknown = False
     for e in await store.select_events(state.thread_id):
-        if e.type == "tool_outcome_unknown" and e.tool_call_id == tool_call_id:
+        if isinstance(e, ev.ToolOutcomeUnknown) and e.tool_call_id == tool_call_id:
             unknown = True
-        elif unknown and e.type == "reconcile_decided" and e.tool_call_id == tool_call_id:
+        elif unknown and isinstance(e, ev.ReconcileDecided) and e.tool_call_id == tool_call_id:
             return f"already decided ({e.decision}) by {e.actor} at {_hhmm(e.created_at)} UTC"
-        elif unknown and e.type in ("thread_cancelled", "error"):
-            return f"the thread {'was cancelled' if e.type == 'thread_cancelled' else 'failed'}"
+        elif unknown and isinstance(e, ev.ThreadCancelled | ev.ErrorRaised):
+            return (
+                f"the thread {'was cancelled' if isinstance(e, ev.ThreadCancelled) else 'failed'}"
+            )
     if unknown:
         return "that call is no longer in question"
     return "there is no such call whose outcome is unknown"
@@ -510,25 +502,25 @@ async def why_not_decidable(
 
 async def describe_closed_call(store: Store, thread_id: str, tool_call_id: str) -> str:
     """Why a call can no longer be decided, e.g. "already approved by U123 at 12:03"."""
-    verdicts = {
-        "approval_rejected": "already rejected",
-        "approval_expired": "the approval expired",
-        "thread_cancelled": "the thread was cancelled",
+    verdicts: dict[type[ev.Event], str] = {
+        ev.ApprovalRejected: "already rejected",
+        ev.ApprovalExpired: "the approval expired",
+        ev.ThreadCancelled: "the thread was cancelled",
     }
     requested = False
     granted: ev.AnyEvent | None = None  # the vote that met the quorum: the latest one
     for e in await store.select_events(thread_id):
-        if getattr(e, "tool_call_id", None) == tool_call_id and e.type == "approval_requested":
+        if isinstance(e, ev.ApprovalRequested) and e.tool_call_id == tool_call_id:
             requested = True
         if not requested or getattr(e, "tool_call_id", tool_call_id) != tool_call_id:
             continue
-        if e.type == "approval_granted":
+        if isinstance(e, ev.ApprovalGranted):
             granted = e
-        elif e.type == "tool_started" and granted is not None:
+        elif isinstance(e, ev.ToolStarted) and granted is not None:
             break
-        elif e.type in verdicts:
-            who = f" by {e.actor}" if e.type == "approval_rejected" else ""
-            return f"{verdicts[e.type]}{who} at {_hhmm(e.created_at)} UTC"
+        elif type(e) in verdicts:
+            who = f" by {e.actor}" if isinstance(e, ev.ApprovalRejected) else ""
+            return f"{verdicts[type(e)]}{who} at {_hhmm(e.created_at)} UTC"
     if granted is not None:
         return f"already approved by {granted.actor} at {_hhmm(granted.created_at)} UTC"
     if requested:
@@ -572,7 +564,7 @@ async def finish_wait(
         )
         return await _append_one(store, thread_id, state, event)
 
-    return await _retrying(once)
+    return await retrying(once)
 
 
 def thread_of_wait(wait_id: str) -> str:
@@ -608,4 +600,4 @@ async def cancel(
         event = ev.ThreadCancelled(actor=who.user, reason=reason, dedupe_key=dedupe_key)
         return await _append_one(store, thread_id, state, event)
 
-    return await _retrying(once)
+    return await retrying(once)

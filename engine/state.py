@@ -10,9 +10,9 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
@@ -50,6 +50,16 @@ AT_REST: frozenset[str] = frozenset({"new", "idle", "failed", "cancelled", "awai
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+M = TypeVar("M", bound=_Frozen)
+
+
+def evolve(model: M, changes: Mapping[str, Any]) -> M:
+    """``model`` with ``changes``, validated as a new one: a misspelt field or a value of
+    the wrong type raises ``ValidationError`` (``model_copy(update=...)`` lets both
+    through). Nested models already built pass by identity, so this stays cheap."""
+    return type(model).model_validate({**model.__dict__, **changes})
 
 
 class WaitInfo(_Frozen):
@@ -227,11 +237,12 @@ def _said_since(call: PendingCall, e: ev.UserMessage) -> PendingCall:
         created_at=e.created_at,
         source_kind=str(e.source.get("kind") or ""),
     )
-    return call.model_copy(
-        update={
+    return evolve(
+        call,
+        {
             "said_since": (*call.said_since, note)[-NOTES_KEPT:],
             "said_since_count": call.said_since_count + 1,
-        }
+        },
     )
 
 
@@ -319,13 +330,14 @@ def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, A
 
 def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, Any]:
     call = _pending(s, e, e.tool_call_id, "requested")
-    call = call.model_copy(
-        update={
+    call = evolve(
+        call,
+        {
             "phase": "awaiting_approval",
             "expires_at": e.expires_at,
             "requested_at": e.created_at,
             "arguments_hash": e.arguments_hash,
-        }
+        },
     )
     return {"pending": call, "status": "awaiting_approval"}
 
@@ -341,17 +353,17 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
         s,
         "the requester's vote does not count",
     )
-    voted = call.model_copy(update={"votes": (*call.votes, e.actor)})
+    voted = evolve(call, {"votes": (*call.votes, e.actor)})
     if voted.counted_votes < call.quorum:
         return {"pending": voted}
-    return {"pending": voted.model_copy(update={"phase": "ready"}), "status": "running"}
+    return {"pending": evolve(voted, {"phase": "ready"}), "status": "running"}
 
 
 def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
     setback = CallSetback(
-        kind="rejected" if e.type == "approval_rejected" else "expired", intent=call.intent
+        kind="rejected" if isinstance(e, ev.ApprovalRejected) else "expired", intent=call.intent
     )
     return {"pending": None, "status": "running", "setback": setback}
 
@@ -366,9 +378,7 @@ def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
         s,
         "an interrupted non-idempotent call runs again only when a person says so",
     )
-    started = call.model_copy(
-        update={"phase": "started", "attempt": e.attempt, "started_at": e.created_at}
-    )
+    started = evolve(call, {"phase": "started", "attempt": e.attempt, "started_at": e.created_at})
     return {"pending": started, "status": "running"}
 
 
@@ -387,7 +397,7 @@ def _tool_outcome_unknown(s: ThreadState, e: ev.ToolOutcomeUnknown) -> dict[str,
     call = _pending(s, e, e.tool_call_id, "started")
     _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
     _require(not call.idempotent, e, s, "an idempotent call simply runs again")
-    unknown = call.model_copy(update={"phase": "unknown", "unknown_error": e.error})
+    unknown = evolve(call, {"phase": "unknown", "unknown_error": e.error})
     return {"pending": unknown, "status": "awaiting_reconcile"}
 
 
@@ -395,7 +405,7 @@ def _reconcile_decided(s: ThreadState, e: ev.ReconcileDecided) -> dict[str, Any]
     _require(s.status == "awaiting_reconcile", e, s, "no outcome is unknown")
     call = _pending(s, e, e.tool_call_id, "unknown")
     if e.decision == "retry":  # the next attempt, with the same idempotency key
-        again = call.model_copy(update={"phase": "ready", "unknown_error": ""})
+        again = evolve(call, {"phase": "ready", "unknown_error": ""})
         return {"pending": again, "status": "running"}
     setback = CallSetback(kind="failed", intent=call.intent) if e.decision == "abandon" else None
     return {"pending": None, "status": "running", "setback": setback}
@@ -408,7 +418,7 @@ def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
         return {"status": "sleeping", "model_attempt": e.attempt, "model_retry_at": e.wake_at}
     call = _pending(s, e, e.tool_call_id, "started")
     _require(e.attempt == call.attempt, e, s, f"attempt {call.attempt} is running")
-    waiting = call.model_copy(update={"phase": "retry_wait", "retry_at": e.wake_at})
+    waiting = evolve(call, {"phase": "retry_wait", "retry_at": e.wake_at})
     return {"pending": waiting, "status": "sleeping"}
 
 
@@ -426,7 +436,7 @@ def _wait_started(s: ThreadState, e: ev.WaitStarted) -> dict[str, Any]:
         poll_every_s=e.poll_every_s,
     )
     return {
-        "pending": call.model_copy(update={"phase": "waiting", "wait": info}),
+        "pending": evolve(call, {"phase": "waiting", "wait": info}),
         "status": "awaiting_job",
     }
 
@@ -436,7 +446,7 @@ def _wait_closed(s: ThreadState, e: ev.WaitFinished | ev.WaitTimedOut) -> dict[s
     call = _pending(s, e, e.tool_call_id, "waiting")
     assert call.wait is not None
     _require(call.wait.wait_id == e.wait_id, e, s, f"wait {e.wait_id!r} is not open")
-    timed_out = e.type == "wait_timed_out"
+    timed_out = isinstance(e, ev.WaitTimedOut)
     setback = CallSetback(kind="failed", intent=call.intent) if timed_out else None
     return {"pending": None, "status": "running", "setback": setback}
 
@@ -469,31 +479,32 @@ def _no_change(s: ThreadState, e: ev.Event) -> dict[str, Any]:
     return {}
 
 
-_APPLY: dict[str, Callable[[ThreadState, Any], dict[str, Any]]] = {
-    "user_message": _user_message,
-    "clarification_answered": _clarification_answered,
-    "thread_cancelled": _thread_cancelled,
-    "model_decision": _model_decision,
-    "decision_rejected": _decision_rejected,
-    "final_answer": _final_answer,
-    "clarification_requested": _clarification_requested,
-    "tool_call_requested": _tool_call_requested,
-    "approval_requested": _approval_requested,
-    "approval_granted": _approval_granted,
-    "approval_rejected": _approval_closed,
-    "approval_expired": _approval_closed,
-    "approval_refused": _no_change,
-    "tool_started": _tool_started,
-    "tool_result": _tool_result,
-    "tool_outcome_unknown": _tool_outcome_unknown,
-    "reconcile_decided": _reconcile_decided,
-    "retry_scheduled": _retry_scheduled,
-    "wait_started": _wait_started,
-    "wait_finished": _wait_closed,
-    "wait_timed_out": _wait_closed,
-    "error": _error,
-    "message_posted": _no_change,
-    "context_compacted": _context_compacted,
+# One branch per event type, keyed by its class (a test names any type left out).
+APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
+    ev.UserMessage: _user_message,
+    ev.ClarificationAnswered: _clarification_answered,
+    ev.ThreadCancelled: _thread_cancelled,
+    ev.ModelDecision: _model_decision,
+    ev.DecisionRejected: _decision_rejected,
+    ev.FinalAnswer: _final_answer,
+    ev.ClarificationRequested: _clarification_requested,
+    ev.ToolCallRequested: _tool_call_requested,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalGranted: _approval_granted,
+    ev.ApprovalRejected: _approval_closed,
+    ev.ApprovalExpired: _approval_closed,
+    ev.ApprovalRefused: _no_change,
+    ev.ToolStarted: _tool_started,
+    ev.ToolResult: _tool_result,
+    ev.ToolOutcomeUnknown: _tool_outcome_unknown,
+    ev.ReconcileDecided: _reconcile_decided,
+    ev.RetryScheduled: _retry_scheduled,
+    ev.WaitStarted: _wait_started,
+    ev.WaitFinished: _wait_closed,
+    ev.WaitTimedOut: _wait_closed,
+    ev.ErrorRaised: _error,
+    ev.MessagePosted: _no_change,
+    ev.ContextCompacted: _context_compacted,
 }
 
 
@@ -504,12 +515,12 @@ def apply(state: ThreadState, event: ev.Event) -> ThreadState:
     if event.seq and event.seq != state.last_seq + 1:
         raise _refuse(event, state, f"seq {event.seq} does not follow {state.last_seq}")
     if state.status == "new":
-        _require(event.type == "user_message", event, state, "a thread starts with a message")
-    update = _APPLY[event.type](state, event)
+        _require(isinstance(event, ev.UserMessage), event, state, "a thread starts with a message")
+    update = APPLY[type(event)](state, event)
     update["last_seq"] = event.seq or state.last_seq + 1
     if not state.thread_id:
         update["thread_id"] = event.thread_id
-    return state.model_copy(update=update)
+    return evolve(state, update)
 
 
 def reduce(events: Iterable[ev.Event], state: ThreadState | None = None) -> ThreadState:

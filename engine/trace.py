@@ -206,37 +206,38 @@ def _context_compacted(e: ev.ContextCompacted) -> str:
     return f"prompt compacted: seq 1–{e.upto_seq} summarised ({len(e.summary)} chars, {e.method})"
 
 
-_SUMMARIES: dict[str, Callable[[Any], str]] = {
-    "user_message": _user_message,
-    "clarification_answered": _clarification_answered,
-    "thread_cancelled": _thread_cancelled,
-    "model_decision": _model_decision,
-    "decision_rejected": _decision_rejected,
-    "final_answer": _final_answer,
-    "clarification_requested": _clarification_requested,
-    "tool_call_requested": _tool_call_requested,
-    "approval_requested": _approval_requested,
-    "approval_granted": _approval_granted,
-    "approval_rejected": _approval_rejected,
-    "approval_refused": _approval_refused,
-    "approval_expired": _approval_expired,
-    "tool_started": _tool_started,
-    "tool_result": _tool_result,
-    "tool_outcome_unknown": _tool_outcome_unknown,
-    "reconcile_decided": _reconcile_decided,
-    "retry_scheduled": _retry_scheduled,
-    "wait_started": _wait_started,
-    "wait_finished": _wait_finished,
-    "wait_timed_out": _wait_timed_out,
-    "error": _error,
-    "message_posted": _message_posted,
-    "context_compacted": _context_compacted,
+# One summary per event type, keyed by its class (a test names any type left out).
+SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
+    ev.UserMessage: _user_message,
+    ev.ClarificationAnswered: _clarification_answered,
+    ev.ThreadCancelled: _thread_cancelled,
+    ev.ModelDecision: _model_decision,
+    ev.DecisionRejected: _decision_rejected,
+    ev.FinalAnswer: _final_answer,
+    ev.ClarificationRequested: _clarification_requested,
+    ev.ToolCallRequested: _tool_call_requested,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalGranted: _approval_granted,
+    ev.ApprovalRejected: _approval_rejected,
+    ev.ApprovalRefused: _approval_refused,
+    ev.ApprovalExpired: _approval_expired,
+    ev.ToolStarted: _tool_started,
+    ev.ToolResult: _tool_result,
+    ev.ToolOutcomeUnknown: _tool_outcome_unknown,
+    ev.ReconcileDecided: _reconcile_decided,
+    ev.RetryScheduled: _retry_scheduled,
+    ev.WaitStarted: _wait_started,
+    ev.WaitFinished: _wait_finished,
+    ev.WaitTimedOut: _wait_timed_out,
+    ev.ErrorRaised: _error,
+    ev.MessagePosted: _message_posted,
+    ev.ContextCompacted: _context_compacted,
 }
 
 
 def summarize(event: ev.Event) -> str:
     """A short, one-line human summary of ``event``."""
-    fn = _SUMMARIES.get(event.type)
+    fn = SUMMARIES.get(type(event))
     if fn is None:  # a type this module does not know yet: show its payload
         return excerpt(_payload(event), SUMMARY_WIDTH)
     return one_line(fn(event), SUMMARY_WIDTH * 2)

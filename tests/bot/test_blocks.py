@@ -432,7 +432,7 @@ def test_approval_card_without_a_hash_is_refused() -> None:
 def test_approval_card_shows_long_arguments_cut_with_a_pointer_to_the_trace() -> None:
     blocks = b.approval_card(**card_inputs(arguments={"blob": "x" * 100_000}))
     text = blocks[2]["text"]["text"]
-    assert len(text) <= b.MAX_TEXT
+    assert len(text) <= limits.MAX_TEXT
     assert text.endswith(f"```\n… (truncated; full text: `opsloop trace {THREAD}`)")
 
 
@@ -582,6 +582,36 @@ def test_events_not_shown_as_lines(event: ev.Event) -> None:
 def test_shown_and_card_types_cover_every_event_type_at_most_once() -> None:
     assert not b.SHOWN_TYPES & b.CARD_TYPES
     assert b.SHOWN_TYPES | b.CARD_TYPES <= set(ev.EVENT_TYPES)
+
+
+def test_every_type_people_see_as_a_line_has_a_renderer_and_no_other_does() -> None:
+    lines = [c for c in ev.EVENT_CLASSES if c.facts.people == "line"]
+    assert ev.missing_from(b.LINES, lines) == []
+    assert {ev.type_name(c) for c in b.LINES} == b.SHOWN_TYPES
+
+
+def test_shown_and_card_types_are_as_before_the_facts_replaced_the_tables() -> None:
+    assert b.SHOWN_TYPES == {
+        "tool_call_requested",
+        "tool_result",
+        "retry_scheduled",
+        "wait_started",
+        "wait_finished",
+        "wait_timed_out",
+        "clarification_requested",
+        "decision_rejected",
+        "error",
+        "final_answer",
+        "thread_cancelled",
+    }
+    assert b.CARD_TYPES == {
+        "approval_requested",
+        "approval_granted",
+        "approval_rejected",
+        "approval_expired",
+        "tool_outcome_unknown",
+        "reconcile_decided",
+    }
 
 
 def test_a_long_final_answer_is_split_into_sections() -> None:
@@ -879,11 +909,19 @@ def test_check_limits_names_each_violation(rendering: Any, problem: str) -> None
     assert problem in b.check_limits(rendering)
 
 
-def test_the_limits_live_in_bot_limits_and_are_still_importable_from_bot_blocks() -> None:
-    assert b.check_limits is limits.check_limits
+def test_the_limits_live_in_bot_limits_and_the_moved_names_are_gone_from_bot_blocks() -> None:
     names = [n for n in dir(limits) if n.startswith("MAX_")]
     assert len(names) == 19
-    assert all(getattr(b, n) is getattr(limits, n) for n in names)
+    moved = {
+        "MAX_ACTIONS_ELEMENTS",
+        "MAX_FIELDS",
+        "MAX_INPUT_LENGTH",
+        "MAX_PRIVATE_METADATA",
+        "MAX_URL",
+        "MAX_VIEW_BLOCKS",
+    }
+    assert moved <= set(names)
+    assert not [n for n in moved if hasattr(b, n)]
 
 
 def test_check_limits_counts_astral_characters_twice() -> None:

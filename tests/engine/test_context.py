@@ -12,7 +12,14 @@ from hypothesis import given
 from pydantic import BaseModel
 
 from engine import events as ev
-from engine.context import MAX_RESULT_CHARS, PROJECTION_VERSION, SYSTEM_PROMPT, Projector, project
+from engine.context import (
+    MAX_RESULT_CHARS,
+    PROJECTION_VERSION,
+    PROJECTIONS,
+    SYSTEM_PROMPT,
+    Projector,
+    project,
+)
 from tests.support.logs import (
     OTHER,
     PROPERTY,
@@ -443,3 +450,10 @@ def test_the_prompt_carries_the_tools_fingerprint() -> None:
     assert fewer.tool_names == ("build", "deploy") and fewer.tools_hash != prompt.tools_hash
     described = [Spec(s.name, s.description + "!", s.policy, s.schema) for s in SPECS]
     assert project(stamp([user()]), described).tools_hash != prompt.tools_hash
+
+
+def test_every_type_the_model_sees_has_a_projection_branch_and_no_other_does() -> None:
+    # A compaction is no branch: the Projector replaces earlier messages by its summary.
+    seen = [c for c in ev.EVENT_CLASSES if c.facts.model and c is not ev.ContextCompacted]
+    assert ev.missing_from(PROJECTIONS, seen) == []
+    assert set(PROJECTIONS) == set(seen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import typing
 
@@ -188,6 +189,65 @@ def test_model_copy_stamps_without_touching_the_draft() -> None:
 def test_input_types_are_event_types() -> None:
     assert ev.INPUT_TYPES <= set(ev.EVENT_TYPES)
     assert "user_message" in ev.INPUT_TYPES and "tool_result" not in ev.INPUT_TYPES
+
+
+# --- the facts each type declares (issue 11, section 5) ----------------------------------
+
+
+def test_every_event_class_is_in_the_union_and_declares_its_facts_itself() -> None:
+    assert set(ev.EVENT_CLASSES) == union_members()
+    assert all(isinstance(cls.__dict__.get("facts"), ev.Facts) for cls in ev.EVENT_CLASSES)
+
+
+def test_an_event_class_without_facts_is_refused_when_it_is_defined() -> None:
+    with pytest.raises(TypeError, match="event class Forgotten must declare facts"):
+
+        class Forgotten(ev.Event):
+            type: typing.Literal["forgotten"] = "forgotten"
+
+    assert "forgotten" not in ev.EVENT_TYPES
+    gc.collect()  # the half-made class must not linger among Event's subclasses
+    assert "Forgotten" not in {cls.__name__ for cls in ev.Event.__subclasses__()}
+
+
+def test_facts_reproduce_the_tables_they_replaced() -> None:
+    assert ev.INPUT_TYPES == {
+        "user_message",
+        "clarification_answered",
+        "thread_cancelled",
+        "approval_granted",
+        "approval_rejected",
+        "approval_refused",
+        "reconcile_decided",
+        "wait_finished",
+    }
+    summary = {ev.type_name(c): c.facts.summary for c in ev.EVENT_CLASSES}
+    kept = {t for t, role in summary.items() if role == "kept"}
+    steps = {t for t, role in summary.items() if role == "step"}
+    assert kept == {
+        "user_message",
+        "clarification_answered",
+        "approval_rejected",
+        "thread_cancelled",
+    }
+    assert steps == {
+        "clarification_requested",
+        "tool_call_requested",
+        "tool_result",
+        "approval_granted",
+        "approval_expired",
+        "wait_finished",
+        "wait_timed_out",
+        "decision_rejected",
+        "error",
+        "final_answer",
+    }
+
+
+def test_missing_from_names_the_types_a_table_forgot() -> None:
+    table = {cls: None for cls in ev.EVENT_CLASSES if cls is not ev.ToolStarted}
+    assert ev.missing_from(table) == ["tool_started"]
+    assert ev.missing_from(table, [ev.UserMessage]) == []
 
 
 def test_logs_from_before_tool_fingerprints_and_answer_sources_still_load() -> None:

@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from engine import events as ev
 from engine.errors import IllegalTransition
-from engine.state import ThreadState, apply, next_action, reduce
+from engine.state import APPLY, ThreadState, apply, evolve, next_action, reduce
 from tests.support.logs import (
     OTHER,
     PROPERTY,
@@ -708,3 +709,36 @@ def test_a_waiting_tool_may_sit_behind_an_approval() -> None:
         waiting_on_job("b1")[3],
     ]
     assert fold(log).status == "awaiting_job"
+
+
+# --- one branch per event type, next states validated (issue 11, section 5) -------------
+
+
+def test_every_event_type_has_a_reducer_branch() -> None:
+    assert ev.missing_from(APPLY) == []
+
+
+def test_a_next_state_with_a_misspelt_field_or_a_wrong_value_is_refused() -> None:
+    state = ThreadState(thread_id="thr_1")
+    with pytest.raises(ValidationError, match="stauts"):
+        evolve(state, {"stauts": "idle"})
+    with pytest.raises(ValidationError, match="status"):
+        evolve(state, {"status": "idel"})
+    assert evolve(state, {"status": "idle"}) == ThreadState(thread_id="thr_1", status="idle")
+
+
+def test_a_reducer_branch_returning_a_misspelt_field_raises_instead_of_dropping_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``model_copy(update=...)`` kept the misspelt key as an attribute and went on."""
+    state = apply(ThreadState(), user())
+    monkeypatch.setitem(APPLY, ev.MessagePosted, lambda s, e: {"stauts": "idle"})
+    with pytest.raises(ValidationError, match="stauts"):
+        apply(state, ev.MessagePosted(shows_event_id="evt_1"))
+
+
+def test_evolve_keeps_nested_models_by_identity() -> None:
+    state = fold([user(), decided("c1", "lookup"), requested("c1", "lookup")])
+    assert state.pending is not None
+    after = evolve(state, {"decisions": 5})
+    assert after.pending is state.pending and after.decisions == 5

@@ -9,6 +9,7 @@ import pytest
 
 from engine import events as ev
 from engine.trace import (
+    SUMMARIES,
     format_usage,
     one_line,
     summarize,
@@ -193,6 +194,10 @@ def test_a_ruled_call_shows_its_rule_and_policy_hash() -> None:
 def test_samples_cover_every_event_type() -> None:
     assert set(SAMPLES) == set(ev.EVENT_TYPES)
     assert all(event.type == name for name, (event, _) in SAMPLES.items())
+
+
+def test_every_event_type_has_a_summary() -> None:
+    assert ev.missing_from(SUMMARIES) == []
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
