@@ -22,13 +22,14 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from aiohttp import web
 
 from bot.local.app_link import SLACK_RETRY_DELAYS, AppLink
+from bot.local.demo import DemoPlatform, demo_config
 from bot.local.identity import CHANNELS, LOCAL, PEOPLE, USERGROUPS, user_record
 from bot.local.state_file import StateFile, state_path
 from bot.local.ui import LocalUi, ModelInfo
@@ -69,6 +70,7 @@ class Local:
     link: AppLink
     ui: LocalUi
     web_runner: web.AppRunner
+    platform: DemoPlatform = field(default_factory=DemoPlatform)
 
     async def close(self, grace: float = 20.0) -> None:
         """Stop taking input, let the worker reach a boundary (it still posts here), then
@@ -143,10 +145,13 @@ async def start_local(
     suggestions: Sequence[tuple[str, str]] = (),
     state: Path | None = None,
     retry_delays: Sequence[float] = SLACK_RETRY_DELAYS,
+    bundled: bool = True,
 ) -> Local:
     """Start everything on the bound ``sock``; ``config`` and ``make_model`` as for
-    ``start_runtime`` (None: Claude from the settings). The workspace is kept in ``state`` (default:
-    beside the database, see :func:`bot.local.state_file.state_path`)."""
+    ``start_runtime`` (None: Claude from the settings). ``config`` None means no file was
+    given: local mode then uses its own (``bot/local/opsloop.yaml``, see
+    :func:`bot.local.demo.demo_config`) unless ``bundled`` is false. The workspace is kept
+    in ``state`` (default: beside the database, see :func:`bot.local.state_file.state_path`)."""
     bound, port = sock.getsockname()[:2]
     url = page_url(bound, port)
     workspace = local_workspace()
@@ -156,6 +161,8 @@ async def start_local(
         log.info("workspace: %s (restored)", saved.path)
     else:
         log.info("workspace: %s (new)", saved.path)
+    if config is None and bundled:
+        config = demo_config(url, saved.path)
     token = "xoxb-local-" + secrets.token_hex(12)
     secret = secrets.token_hex(20)
     # The bot's Web API is this workspace's.
@@ -182,6 +189,8 @@ async def start_local(
         )
         app = web_app(runtime)
         LocalWebApi(workspace, token=token, state=saved).add_routes(app)
+        platform = DemoPlatform()
+        platform.add_routes(app)  # what the bundled restart_service action calls
         ui.add_routes(app)
         web_runner = web.AppRunner(
             app, handle_signals=False, access_log=None, shutdown_timeout=WEB_SHUTDOWN_S
@@ -200,7 +209,7 @@ async def start_local(
             "(OPSLOOP_HOST=127.0.0.1 keeps it to this machine)",
             bound,
         )
-    return Local(url, runtime, workspace, saved, link, ui, web_runner)
+    return Local(url, runtime, workspace, saved, link, ui, web_runner, platform)
 
 
 # --- the model ------------------------------------------------------------------------------

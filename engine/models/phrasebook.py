@@ -23,20 +23,42 @@ from engine.models.base import Decision, ToolUse
 PHRASEBOOK: list[tuple[str, str]] = [
     ("look up rollback", "searches the docs (search_docs, runs at once) and sums up the hits"),
     ("deploy api to staging", "deploys after a reviewer approves the card (deploy)"),
-    ("deploy api version 1.4.2 to production", "the same, with a version and an environment"),
+    (
+        "deploy api version 1.4.2 to production",
+        "the same to production: a rule needs 2 approvals, bob's and carol's",
+    ),
     ("deploy", "asks which service first, then deploys the one you name in your reply"),
     ("run the backfill job for 20 seconds", "starts a job and waits until it is done (run_job)"),
     ("check health of api", "fails once, is retried by the engine, then reports (check_health)"),
+    ("list services", "reads the service catalog, an MCP server a rule lets run at once"),
+    ("show service api", "one service from the catalog (MCP, runs at once)"),
+    ("scale api to 5 replicas", "an MCP write: a reviewer approves it first"),
+    (
+        "scale api to 5 replicas and simulate a crash",
+        "the catalog crashes mid-call: a reviewer says whether it happened",
+    ),
+    ("restart api", "an HTTP action with an idempotency key, after bob or carol approves"),
     ("help", "lists these phrases"),
 ]
 
-# Which module registers each tool, for the answer when one is not loaded.
+CATALOG = "mcp__catalog__"
+LIST_SERVICES, GET_SERVICE, SCALE_SERVICE = (
+    CATALOG + "list_services",
+    CATALOG + "get_service",
+    CATALOG + "scale_service",
+)
+RESTART_SERVICE = "restart_service"
+LOCAL_CONFIG = "opsloop local's own opsloop.yaml (bot/local/opsloop.yaml)"
+
+# Where each tool comes from, for the answer when one is not loaded.
 TOOL_MODULES = {
     "search_docs": "tools.builtin",
     "deploy": "tools.demo",
     "run_job": "tools.demo",
     "check_health": "tools.demo",
 }
+TOOL_CONFIGS = {name: LOCAL_CONFIG for name in (LIST_SERVICES, GET_SERVICE, SCALE_SERVICE)}
+TOOL_CONFIGS[RESTART_SERVICE] = LOCAL_CONFIG
 
 _I = re.IGNORECASE
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
@@ -93,6 +115,18 @@ _HEALTH = [
     re.compile(rf"^health\s*check\s+(?:of\s+)?(?P<s>{_NAME})$", _I),
     re.compile(rf"^is\s+(?:the\s+)?(?P<s>{_NAME})\s+(?:healthy|up|ok|alive)$", _I),
 ]
+_LIST_SERVICES = re.compile(r"^(?:list|show)\s+(?:the\s+|all\s+)?(?:services|catalog)$", _I)
+_GET_SERVICE = [
+    re.compile(rf"^(?:show|get|describe)\s+(?:the\s+)?service\s+(?P<s>{_NAME})$", _I),
+    re.compile(rf"^who\s+owns\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?$", _I),
+]
+_SCALE = re.compile(
+    rf"^scale\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?\s+(?:to|up\s+to|down\s+to)\s+"
+    r"(?P<n>\d{1,3})(?:\s+replicas?)?"
+    r"(?P<crash>[\s,]+(?:and\s+)?(?:simulate|fake)\s+a\s+crash)?$",
+    _I,
+)
+_RESTART = re.compile(rf"^restart\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?$", _I)
 _NEVER_MIND = re.compile(r"^(?:no|nope|cancel|never\s*mind|stop|abort|forget it)\b", _I)
 DEFAULT_JOB_SECONDS = 10
 
@@ -181,7 +215,9 @@ def _next(reading: _Reading, tools: set[str | None]) -> _Step:
     if reading.calls:
         return _follow_up(reading.request, reading.calls[-1], tools)
     step = _start(reading.request, tools)
-    if reading.unreported is None:
+    if reading.unreported is None or not _came_back(reading.unreported[1]):
+        # Nothing to report, or a call that never ran (cancelled, rejected, expired):
+        # its story is told on its card, and this text is the next card's Why.
         return step
     # Someone spoke while a call ran (or right after): report its result first.
     report = _follow_up(*reading.unreported, tools)
@@ -191,6 +227,23 @@ def _next(reading: _Reading, tools: set[str | None]) -> _Step:
         short = _cut(_clean(reading.request), 80)
         return _Step(f"{report.text}\n(I didn't catch “{short}”; say `help` for what I know.)")
     return _Step(f"{report.text}\n\n{step.text}".strip(), step.tool, step.input)
+
+
+# How the projection words the end of a call that never ran (engine/context.py).
+_NEVER_RAN = (
+    "Not run:",
+    "Reviewer ",
+    "Nobody approved",
+    "opsloop error:",
+    "Rejected by validation",
+)
+
+
+def _came_back(call: _Call) -> bool:
+    """Whether ``call`` ran and answered (a result, or the tool's own failure)."""
+    if call.result is None:
+        return False
+    return not (call.is_error and call.result.startswith(_NEVER_RAN))
 
 
 def _person_said(text: str) -> str | None:
@@ -261,7 +314,32 @@ def _start(request: str, tools: set[str | None]) -> _Step:
         if m and m["s"].lower() not in ("check", "health"):
             service = m["s"].lower()
             return _use(tools, "check_health", {"service": service}, f"Checking {_echo(service)}.")
+    if (catalog := _catalog_step(text, tools)) is not None:
+        return catalog
     return _Step(f"I didn't catch “{_cut(text, 80)}”.\n" + help_text(), understood=False)
+
+
+def _catalog_step(text: str, tools: set[str | None]) -> _Step | None:
+    """The service catalog (MCP) and the platform API (an HTTP action), or None."""
+    if _LIST_SERVICES.match(text):
+        return _use(tools, LIST_SERVICES, {}, "Reading the service catalog.")
+    for pattern in _GET_SERVICE:
+        if m := pattern.match(text):
+            service = m["s"].lower()
+            return _use(tools, GET_SERVICE, {"service": service}, f"Looking up {_echo(service)}.")
+    if m := _SCALE.match(text):
+        service, replicas = m["s"].lower(), int(m["n"])
+        args: dict[str, Any] = {"service": service, "replicas": replicas}
+        what = f"Scaling {_echo(service)} to {replicas} replicas, once a reviewer approves."
+        if m["crash"]:
+            args["simulate_crash"] = True
+            what += " The catalog will crash mid-call, so a reviewer will say what happened."
+        return _use(tools, SCALE_SERVICE, args, what)
+    if m := _RESTART.match(text):
+        service = m["s"].lower()
+        what = f"Restarting {_echo(service)}, once bob or carol approves."
+        return _use(tools, RESTART_SERVICE, {"service": service}, what)
+    return None
 
 
 def help_text() -> str:
@@ -271,6 +349,12 @@ def help_text() -> str:
 
 
 def _use(tools: set[str | None], tool: str, args: dict[str, Any], text: str) -> _Step:
+    if tool not in tools and tool in TOOL_CONFIGS:
+        return _Step(
+            f"I'd use the `{tool}` tool for that, but it isn't loaded here: it comes from "
+            f"{TOOL_CONFIGS[tool]}, which local mode loads when neither OPSLOOP_CONFIG nor "
+            "./opsloop.yaml names another file."
+        )
     if tool not in tools:
         module = TOOL_MODULES.get(tool, "the module that defines it")
         return _Step(
@@ -352,6 +436,8 @@ def _follow_up(request: str, last: _Call, tools: set[str | None]) -> _Step:
         return _Step(_job_summary(last))
     if last.name == "check_health":
         return _Step(_health_summary(last))
+    if last.name in SUMMARIES:
+        return _Step(SUMMARIES[last.name](last))
     if last.is_error:
         return _Step(f"`{last.name}` failed:\n{_quote(last.result)}")
     return _Step(f"`{last.name}` returned: {_cut(last.result, 300)}")
@@ -456,3 +542,74 @@ def _health_summary(call: _Call) -> str:
         else ""
     )
     return f"{_echo(str(out.get('service', service)))} is {status}{retried}."
+
+
+# --- the catalog (MCP) and the platform API (HTTP) --------------------------------------
+
+
+def _structured(call: _Call) -> dict[str, Any]:
+    """What an MCP tool answered: its structured content, else its text as JSON."""
+    out = _json(call.result)
+    found = out.get("structured")
+    return found if isinstance(found, dict) else _json(str(out.get("text", "")))
+
+
+def _list_summary(call: _Call) -> str:
+    if call.is_error:
+        return f"Could not read the catalog:\n{_quote(call.result)}"
+    rows = _structured(call).get("services")
+    if not isinstance(rows, list) or not rows:
+        return f"The catalog answered: {_cut(call.result, 300)}"
+    lines = [f"The catalog has {len(rows)} services:"]
+    for row in rows:
+        if isinstance(row, dict):
+            lines.append(
+                f"• *{_echo(str(row.get('service')))}*: owner {_echo(str(row.get('owner')))}, "
+                f"{row.get('replicas')} replicas"
+            )
+    return "\n".join(lines)
+
+
+def _service_summary(call: _Call) -> str:
+    service = _echo(str(call.input.get("service", "the service")))
+    if call.is_error:
+        return f"Could not look up {service}:\n{_quote(call.result)}"
+    out = _structured(call)
+    if "replicas" not in out:
+        return f"{service}: {_cut(call.result, 300)}"
+    return (
+        f"*{service}*: owner {_echo(str(out.get('owner')))}, tier {_echo(str(out.get('tier')))}, "
+        f"{out['replicas']} replicas."
+    )
+
+
+def _scale_summary(call: _Call) -> str:
+    service = _echo(str(call.input.get("service", "the service")))
+    replicas = call.input.get("replicas")
+    if call.is_error:
+        return f"Not scaled: {service} to {replicas} replicas.\n{_quote(call.result)}"
+    out = _structured(call)
+    if "was" in out:
+        return f"Scaled {service} to {out.get('replicas')} replicas (it had {out['was']})."
+    # Not the tool's answer: a person said what became of a call cut off mid-way.
+    return f"Scaled {service} to {replicas} replicas: {_cut(call.result, 300)}"
+
+
+def _restart_summary(call: _Call) -> str:
+    service = _echo(str(call.input.get("service", "the service")))
+    if call.is_error:
+        return f"Not restarted: {service}.\n{_quote(call.result)}"
+    body = _json(call.result).get("body")  # an HTTP action answers {"status", "body"}
+    out = body if isinstance(body, dict) else {}
+    if "restart" not in out:
+        return f"Restarted {service}: {_cut(call.result, 300)}"
+    again = " (the platform had already done it for this call)" if out.get("repeat") else ""
+    return f"Restarted {service} through the platform API (restart #{out['restart']}){again}."
+
+
+SUMMARIES = {
+    LIST_SERVICES: _list_summary,
+    GET_SERVICE: _service_summary,
+    SCALE_SERVICE: _scale_summary,
+    RESTART_SERVICE: _restart_summary,
+}

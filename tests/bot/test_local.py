@@ -162,6 +162,7 @@ async def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
                 suggestions=[("file a ticket", "files a ticket after approval")],
                 state=tmp_path / "workspace.json",
                 retry_delays=(0.05, 0.2),
+                bundled=False,  # the bundled demo has its own tests (test_local_demo.py)
             )
         except BaseException:
             sock.close()

@@ -6,8 +6,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Read by the code but not a setting: the crash tests' fault injection.
-NOT_SETTINGS = {"OPSLOOP_FAULTS"}
+# Named in the code but not settings: the crash tests' fault injection, and the values
+# local mode fills into its own opsloop.yaml (bot/local/demo.py), which nobody sets.
+NOT_SETTINGS = {
+    "OPSLOOP_FAULTS",
+    "OPSLOOP_LOCAL_PYTHON",
+    "OPSLOOP_LOCAL_CATALOG",
+    "OPSLOOP_LOCAL_URL",
+    "OPSLOOP_LOCAL_HOST",
+}
 _NAME = re.compile(r'"((?:OPSLOOP|SLACK|ANTHROPIC)_[A-Z_]+|DATABASE_URL|PORT)"')
 
 

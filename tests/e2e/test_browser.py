@@ -2,7 +2,9 @@
 
 ``opsloop local`` runs as a real process (offline phrasebook model, demo tools, SQLite)
 and headless Chromium (Debian's ``chromium``, driven by Playwright) clicks through the
-page as alice, who asks, and bob, who reviews. Skipped where no browser is installed,
+page as alice, who asks, and bob and carol, who review: a deploy, a rejection, a
+clarification, a job, the quorum of two for production and the reconcile card of a call
+the catalog MCP server crashed in the middle of. Skipped where no browser is installed,
 except in CI, where ``.ci/run`` installs it and a missing browser is a failure.
 
 ``OPSLOOP_SCREENSHOT_DIR=docs`` writes the README's screenshot there
@@ -19,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.blocks import APPROVE_ACTION, REJECT_ACTION
+from bot.blocks import APPROVE_ACTION, HAPPENED_ACTION, REJECT_ACTION
 from tests.bot.test_cli import _free_port
 from tests.bot.test_local_cli import Running, local_env, opsloop_local
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("OPSLOOP_CHROMIUM", "/usr/bin/chromium")
-ALICE, BOB = "U0ALICE", "U0BOB"
+ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
 OPS = "C0OPS"
 WAIT_MS = 30_000
 
@@ -98,12 +100,12 @@ def button(pane, action_id: str) -> object:
     return pane.locator(f'[data-testid="block-button"][data-action-id="{action_id}"]').last
 
 
-def approve(page, pane) -> None:
-    """bob clicks Approve and confirms in the dialog the card's button asks for."""
+def approve(page, pane, tool: str = "deploy") -> None:
+    """The current user clicks Approve and confirms in the dialog the card's button asks for."""
     button(pane, APPROVE_ACTION).click()
     dialog = page.get_by_test_id("confirm-dialog")
     dialog.wait_for()
-    assert "Run deploy?" in page.get_by_test_id("confirm-title").inner_text()
+    assert f"Run {tool}?" in page.get_by_test_id("confirm-title").inner_text()
     page.get_by_test_id("confirm-ok").click()
     dialog.wait_for(state="hidden")
 
@@ -154,6 +156,37 @@ def test_a_clarification_is_answered_in_the_thread(page) -> None:
     be(page, BOB)
     approve(page, pane)
     bot_says(pane, "Deployed billing")
+
+
+def test_production_needs_bob_and_carol_and_the_card_counts_the_votes(page) -> None:
+    pane = ask(page, "deploy api version 1.4.2 to production")
+    button(pane, APPROVE_ACTION).wait_for()
+    be(page, BOB)
+    approve(page, pane)
+    pane.get_by_text("1 of 2: @bob").wait_for()  # the card stays open for the second vote
+    assert button(pane, APPROVE_ACTION).count() == 1
+    be(page, CAROL)
+    approve(page, pane)
+    bot_says(pane, "Deployed api 1.4.2 to production")
+    assert button(pane, APPROVE_ACTION).count() == 0
+
+
+def test_a_crash_mid_call_asks_bob_what_happened_and_his_note_is_the_answer(page) -> None:
+    pane = ask(page, "scale api to 5 replicas and simulate a crash")
+    button(pane, APPROVE_ACTION).wait_for()
+    be(page, BOB)
+    approve(page, pane, "mcp__catalog__scale_service")
+    happened = button(pane, HAPPENED_ACTION)
+    happened.wait_for()  # the reconcile card: the catalog died after making the change
+    happened.click()
+    modal = page.get_by_test_id("modal")
+    modal.wait_for()
+    modal.get_by_test_id("modal-input").first.fill("the catalog shows 5 replicas")
+    modal.get_by_test_id("modal-submit").click()
+    modal.wait_for(state="hidden")
+    bot_says(pane, "the catalog shows 5 replicas")
+    assert button(pane, HAPPENED_ACTION).count() == 0
+    assert "said it happened" in pane.inner_text()
 
 
 def test_a_job_wait_completes_and_the_thread_is_told(page) -> None:

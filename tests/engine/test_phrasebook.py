@@ -532,3 +532,150 @@ async def test_end_to_end_a_message_during_the_approval_is_answered_with_the_res
     assert (await run().run(tid)).status == "idle"
     [answer] = await final_answers(store, tid)
     assert answer.startswith("Deployed api 1.0.0 to staging (deployment #1).\n(I didn't catch")
+
+
+# --- the local demo: the catalog (MCP), the platform API (HTTP), the crash ----------------
+
+CATALOG_TOOLS = {
+    "mcp__catalog__list_services": {"type": "object", "properties": {}},
+    "mcp__catalog__get_service": {
+        "type": "object",
+        "properties": {"service": {"type": "string"}},
+        "required": ["service"],
+    },
+    "mcp__catalog__scale_service": {
+        "type": "object",
+        "properties": {
+            "service": {"type": "string"},
+            "replicas": {"type": "integer"},
+            "simulate_crash": {"type": "boolean"},
+        },
+        "required": ["service", "replicas"],
+    },
+    "restart_service": {
+        "type": "object",
+        "properties": {"service": {"type": "string"}},
+        "required": ["service"],
+    },
+}
+
+
+async def _not_run(args: Any, ctx: Any) -> None:
+    raise AssertionError("the phrasebook tests only decide")
+
+
+@pytest.fixture
+def demo_registry(registry: ToolRegistry) -> ToolRegistry:
+    """The registry plus what local mode's own opsloop.yaml adds (stand-ins)."""
+    from tools.schema_tool import schema_tool
+
+    reg = registry.copy()
+    for name, schema in CATALOG_TOOLS.items():
+        reg.register(
+            schema_tool(name=name, description=f"{name}.", schema=schema, func=_not_run, source="x")
+        )
+    return reg
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "arguments"),
+    [
+        ("list services", "mcp__catalog__list_services", {}),
+        ("<@U0BOT> show the services please", "mcp__catalog__list_services", {}),
+        ("show service api", "mcp__catalog__get_service", {"service": "api"}),
+        ("who owns web?", "mcp__catalog__get_service", {"service": "web"}),
+        (
+            "scale api to 5 replicas",
+            "mcp__catalog__scale_service",
+            {"service": "api", "replicas": 5},
+        ),
+        (
+            "scale api to 5 replicas and simulate a crash",
+            "mcp__catalog__scale_service",
+            {"service": "api", "replicas": 5, "simulate_crash": True},
+        ),
+        (
+            "Scale the worker service to 2, simulate a crash.",
+            "mcp__catalog__scale_service",
+            {"service": "worker", "replicas": 2, "simulate_crash": True},
+        ),
+        ("restart api", "restart_service", {"service": "api"}),
+    ],
+)
+async def test_the_demo_phrases_call_the_catalog_and_the_platform(
+    demo_registry, text, tool, arguments
+) -> None:
+    decision = await decide([user(text)], demo_registry)
+    assert decision.tool_use is not None, decision.text
+    assert (decision.tool_use.name, decision.tool_use.input) == (tool, arguments)
+
+
+async def test_help_lists_the_demo_phrases(demo_registry) -> None:
+    answer = final_text(await decide([user("help")], demo_registry))
+    for phrase in ("list services", "scale api to 5 replicas and simulate a crash", "restart api"):
+        assert f"`{phrase}`" in answer
+
+
+async def test_a_demo_phrase_without_the_local_file_says_where_its_tools_come_from(
+    registry,
+) -> None:
+    for text in ("list services", "scale api to 3", "restart api"):
+        answer = final_text(await decide([user(text)], registry))
+        assert "isn't loaded" in answer and "bot/local/opsloop.yaml" in answer
+
+
+async def test_catalog_and_platform_results_are_summarised(demo_registry) -> None:
+    def after(text: str, tool: str, output: Any, **args: Any) -> list[ev.Event]:
+        return [
+            user(text),
+            *ran("toolu_1", tool, "run_now", **args),
+            tool_result("toolu_1", output),
+        ]
+
+    services = {"services": [{"service": "api", "owner": "platform", "replicas": 3}]}
+    listed = {"text": "…", "structured": services}
+    log = after("list services", "mcp__catalog__list_services", listed)
+    answer = final_text(await decide(log, demo_registry))
+    assert answer == "The catalog has 1 services:\n• *api*: owner platform, 3 replicas"
+    scaled = {"structured": {"service": "api", "replicas": 5, "was": 3}}
+    log = after("scale api to 5", "mcp__catalog__scale_service", scaled, service="api", replicas=5)
+    answer = final_text(await decide(log, demo_registry))
+    assert answer == "Scaled api to 5 replicas (it had 3)."
+    restarted = {"status": 200, "body": {"service": "api", "restart": 2}}
+    log = after("restart api", "restart_service", restarted, service="api")
+    answer = final_text(await decide(log, demo_registry))
+    assert answer == "Restarted api through the platform API (restart #2)."
+
+
+async def test_a_reconciled_call_reports_what_the_reviewer_said(demo_registry) -> None:
+    args = {"service": "api", "replicas": 5, "simulate_crash": True}
+    log = [
+        user("scale api to 5 replicas and simulate a crash"),
+        *ran("toolu_1", "mcp__catalog__scale_service", "approve_before_run", **args),
+        ev.ToolOutcomeUnknown(actor="system", tool_call_id="toolu_1", attempt=1, error="gone"),
+        ev.ReconcileDecided(
+            actor=REVIEWER,
+            tool_call_id="toolu_1",
+            decision="happened",
+            reviewer=REVIEWER,
+            note="catalog shows 5",
+        ),
+    ]
+    answer = final_text(await decide(log, demo_registry))
+    assert answer.startswith("Scaled api to 5 replicas: ") and "catalog shows 5" in answer
+
+
+async def test_a_new_request_after_a_cancelled_call_does_not_report_it(demo_registry) -> None:
+    args = {"service": "api", "environment": "staging"}
+    log = [
+        user("deploy api to staging"),
+        decided("toolu_1", "deploy", **args),
+        requested("toolu_1", "deploy", policy="approve_before_run", **args),
+        approval_asked("toolu_1", "deploy", **args),
+        ev.ThreadCancelled(actor=REQUESTER, reason="wrong service"),
+        user("scale web to 2"),
+    ]
+    decision = await decide(log, demo_registry)
+    assert decision.tool_use is not None and decision.tool_use.name == "mcp__catalog__scale_service"
+    # The text becomes the next card's Why: about this request, not the cancelled one.
+    assert decision.text == "Scaling web to 2 replicas, once a reviewer approves."
