@@ -8,7 +8,12 @@ is active) posted first and updated in place as the status changes; each deliver
 recorded as a ``message_posted`` receipt. The pure
 :func:`bot.outbox.pending_deliveries` says what is still to do (re-exported here, with
 the rest of :mod:`bot.outbox`); :class:`Delivery` does it in log order, one thread at a
-time, under the thread's lease.
+time.
+
+One writer per lease: while the runner holds a thread, it calls :meth:`Delivery.show`
+(the engine's ``FrontDoor``), which posts and hands the receipts back for the runner to
+append with its next batch. :meth:`Delivery.deliver` shows a thread at rest, under a
+lease of its own, and appends the receipts itself.
 
 chat.postMessage has no idempotency key, so every post carries metadata naming its
 event; where an earlier post may have landed without its receipt (first post for the
@@ -23,7 +28,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +49,8 @@ from bot.outbox import (
 )
 from engine import events as ev
 from engine import faults
-from engine.errors import ConcurrencyConflict
+from engine.leases import Lease
+from engine.retrying import retrying
 from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadInfo
 
@@ -70,8 +75,8 @@ class Delivery:
     """Shows threads in Slack. One instance per process: it serialises its own passes
     over a thread; the lease keeps other processes out.
 
-    ``owner`` names the lease (a lease found held by the same owner, e.g. this process's
-    runner, is used and left in place). ``approvers``: named by the thread's status
+    ``owner`` names the lease of a pass over a thread at rest (a lease found held by
+    the same owner is used and left in place). ``approvers``: named by the thread's status
     message while an approval is awaited.
     ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
     (None: only the next ``deliver`` call retries).
@@ -106,18 +111,21 @@ class Delivery:
         # In-process facts; they only save Slack calls. After a restart all are unknown.
         self._looked: dict[str, None] = {}  # threads looked up in Slack, oldest first
         self._unsure: set[str] = set()  # a post's outcome is unknown: look before posting
+        # Events whose receipts were handed to the runner, per thread: until the log has
+        # them (the runner may die first), a post may be in Slack without its receipt.
+        self._handed: dict[str, set[str]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def deliver(self, thread_id: str, *, under: str | None = None) -> int:
-        """Show what ``thread_id`` still has to show; how many posts and updates it made.
+    async def deliver(self, thread_id: str) -> int:
+        """Show what ``thread_id`` at rest still has to show; how many posts and updates
+        it made.
 
-        0 when another owner holds the thread's lease: the holder delivers when done.
-        ``under``: the owner of the lease the caller holds (this process's runner, before
-        a tool runs); the pass runs under that lease and leaves it. A Slack error stops
-        the pass where it happened (logged; retried later).
+        0 when another owner holds the thread's lease: the holder (the runner) has it
+        shown when done. A Slack error stops the pass where it happened (logged;
+        retried later).
         """
         async with self._exclusive(thread_id):
             events = await self.store.select_events(thread_id)
@@ -126,33 +134,49 @@ class Delivery:
             info = await self.store.get_thread(thread_id)
             now = self.clock()
             live = info.lease_owner is not None and (info.lease_expires_at or now) > now
-            runner_holds = live and under is not None and info.lease_owner == under
-            held = runner_holds or (live and info.lease_owner == self.owner)
-            if not runner_holds and not await self.store.acquire_lease(
-                thread_id, self.owner, self.lease_ttl, now=now
-            ):
+            held = live and info.lease_owner == self.owner  # ours already: left in place
+            lease = await Lease.take(
+                self.store, thread_id, self.owner, self.lease_ttl, clock=self.clock, leave=held
+            )
+            if lease is None:
                 log.debug("thread leased elsewhere thread_id=%s", thread_id)
                 # A live holder shows it when done; a dead one (a crash) holds the lease
                 # until it expires: look again then, or nothing shows an idle thread.
                 until = (info.lease_expires_at or now) - now
                 self._retry_later(thread_id, max(0.5, until.total_seconds() + 0.5))
                 return 0
-            run = _Pass(self, info)
-            try:
-                # The log only grows: what others appended before we held the lease.
-                events += await self.store.select_events(thread_id, after=len(events))
-                made = await run.run(events)
-            except _Stop as stop:
-                self._retry_later(thread_id, stop.retry_in)
-                return run.made
-            except Exception:
-                self._retry_later(thread_id, None)
-                raise
-            finally:
-                if not held:  # a lease that was ours already (our runner's) is left alone
-                    await self._release(thread_id)
+            async with lease:
+                run = _Pass(self, info, lease)
+                try:
+                    # The log only grows: what others appended before we held the lease.
+                    events += await self.store.select_events(thread_id, after=len(events))
+                    made = await run.run(events)
+                except _Stop as stop:
+                    self._retry_later(thread_id, stop.retry_in)
+                    return run.made
+                except Exception:
+                    self._retry_later(thread_id, None)
+                    raise
             self._failures.pop(thread_id, None)
             return made
+
+    async def show(self, thread_id: str) -> list[ev.MessagePosted]:
+        """Show what ``thread_id`` has to show under the lease its runner holds, and
+        return the receipts for the runner to append (the engine's ``FrontDoor``).
+
+        A Slack error stops the pass where it happened (logged): what was shown until
+        then is returned, and the pass at rest, after the run, does the rest.
+        """
+        async with self._exclusive(thread_id):
+            events = await self.store.select_events(thread_id)
+            if not self._pending(events):
+                return []
+            run = _Pass(self, await self.store.get_thread(thread_id), None)
+            try:
+                await run.run(events)
+            except _Stop:
+                pass
+            return run.handed
 
     async def deliver_recent(self, since: datetime) -> None:
         """Deliver every thread updated since ``since``: at startup, finish what a crash
@@ -195,12 +219,6 @@ class Delivery:
                 self._locks[thread_id] = (lock, users)
             else:
                 del self._locks[thread_id]
-
-    async def _release(self, thread_id: str) -> None:
-        try:
-            await self.store.release_lease(thread_id, self.owner)
-        except Exception:  # it expires on its own
-            log.warning("lease release failed thread_id=%s", thread_id, exc_info=True)
 
     def _retry_later(self, thread_id: str, delay: float | None) -> None:
         """Try again in this process: nothing else would show an idle thread's last
@@ -273,20 +291,26 @@ def _retry_after(headers: Any) -> float:
 
 
 class _Pass:
-    """One leased pass over one thread: show what is pending, in log order."""
+    """One pass over one thread: show what is pending, in log order.
 
-    def __init__(self, delivery: Delivery, info: ThreadInfo) -> None:
+    Under its own ``lease`` (a thread at rest), it appends the receipts; with None (the
+    runner holds the thread), it collects them in ``handed`` for the runner instead.
+    """
+
+    def __init__(self, delivery: Delivery, info: ThreadInfo, lease: Lease | None) -> None:
         self.d = delivery
         self.info = info
         self.thread_id = info.id
+        self.lease = lease
         self.events: list[ev.AnyEvent] = []
         self.state = ThreadState()
         self.made = 0
-        self._renewed = time.monotonic()
+        self.handed: list[ev.MessagePosted] = []
 
     async def run(self, events: list[ev.AnyEvent]) -> int:
         self.events, self.state = list(events), reduce(events)
         look = self._must_look(self.d._pending(self.events))
+        self.d._handed.pop(self.thread_id, None)  # looked at: what is still due is in todo
         for _ in range(_MAX_STEPS):
             todo = self.d._pending(self.events)
             if not todo:
@@ -303,14 +327,20 @@ class _Pass:
 
     def _must_look(self, todo: list[Outbound]) -> bool:
         """Whether a post of ``todo`` may be in Slack without its receipt: not looked
-        since this process started, a post's outcome unknown, or an event older than a
-        lease (a deliverer may have died holding it, after posting)."""
+        since this process started, a post's outcome unknown, receipts handed to the
+        runner that the log does not have, or an event older than a lease (a deliverer
+        may have died holding it, after posting)."""
         if self.thread_id not in self.d._looked or self.thread_id in self.d._unsure:
+            return True
+        handed = self.d._handed.get(self.thread_id, set())
+        if any(item.event.event_id in handed for item in todo):
             return True
         now = self.d.clock()
         return any((now - i.event.created_at).total_seconds() > self.d.lease_ttl for i in todo)
 
     async def _catch_up(self) -> list[ev.AnyEvent]:
+        if self.lease is None:
+            return []  # the runner's pass shows the log as it was; its receipts are drafts
         tail = await self.d.store.select_events(self.thread_id, after=self.state.last_seq)
         self.events.extend(tail)
         self.state = reduce(tail, self.state)
@@ -358,7 +388,8 @@ class _Pass:
         self.d._note_looked(self.thread_id)
 
     async def _show(self, item: Outbound) -> None:
-        await self._keep_lease()
+        if self.lease is not None and self.lease.lost.is_set():
+            raise _Stop("lease lost")
         event_id = item.event.event_id
         where = f"thread_id={self.thread_id} event_id={event_id}"
         blocks = render(item)
@@ -411,33 +442,34 @@ class _Pass:
             raise
 
     async def _record(self, receipts: list[ev.MessagePosted]) -> None:
-        """Append receipts, re-reading past what another writer appended meanwhile."""
-        for _ in range(50):
-            try:
-                done = await self.d.store.append(
-                    self.thread_id, self.state.last_seq, receipts, state=self.state
-                )
-            except ConcurrencyConflict:
-                tail = await self._catch_up()
-                have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
-                receipts = [r for r in receipts if (r.shows_event_id, r.ts) not in have]
-                if not receipts:
-                    return
-                continue
+        """Append receipts (re-reading past what another writer appended meanwhile), or,
+        in the runner's pass, hand them over."""
+        if self.lease is None:
+            self.handed += receipts
+            self.d._handed.setdefault(self.thread_id, set()).update(
+                r.shows_event_id for r in receipts
+            )
+            self.events.extend(receipts)
+            self.state = reduce(receipts, self.state)
+            return
+        todo = list(receipts)
+
+        async def reread() -> None:
+            tail = await self._catch_up()
+            have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
+            todo[:] = [r for r in todo if (r.shows_event_id, r.ts) not in have]
+
+        async def once() -> None:
+            if not todo:
+                return
+            done = await self.d.store.append(
+                self.thread_id, self.state.last_seq, todo, state=self.state
+            )
             assert done.state is not None
             self.events.extend(done.events)
             self.state = done.state
-            return
-        raise ConcurrencyConflict(self.thread_id, self.state.last_seq)
 
-    async def _keep_lease(self) -> None:
-        if time.monotonic() - self._renewed < self.d.lease_ttl / 3:
-            return
-        d = self.d
-        if not await d.store.renew_lease(self.thread_id, d.owner, d.lease_ttl, now=d.clock()):
-            log.warning("lease lost thread_id=%s owner=%s", self.thread_id, d.owner)
-            raise _Stop("lease lost")
-        self._renewed = time.monotonic()
+        await retrying(once, reread=reread)
 
 
 def _surely_not_done(exc: BaseException) -> bool:

@@ -147,7 +147,8 @@ async def _background(
         await close_tools(modules)
         raise
     client = AsyncWebClient(token=token, base_url=settings.slack.api_url)
-    # Its own lease owner: delivery and the runner never end each other's lease.
+    # Its own lease owner, for threads at rest; while the runner holds a thread, the
+    # runner asks delivery to show it and appends the receipts itself.
     delivery = Delivery(
         store,
         client,
@@ -161,7 +162,7 @@ async def _background(
         tools,
         settings.runner,
         owner=owner,
-        before_tool=lambda thread_id: delivery.deliver(thread_id, under=owner),
+        front_door=delivery,
         policy=policy,
     )
     worker = Worker(

@@ -9,20 +9,23 @@ intent is committed before (``tool_started`` in the same transaction as the deci
 that asked for it), the observation after. Nothing that matters after a restart is
 kept in memory: the attempt number, the retry time and the pending approval are in
 the log.
+
+While it holds the lease the runner is the thread's only writer: the front door
+(``FrontDoor``) shows the thread before a tool runs and hands back its receipts, which
+go into the runner's next batch; a conflict therefore means someone else really acted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic_core import to_jsonable_python
 
@@ -30,8 +33,10 @@ from engine import events as ev
 from engine.config import RunnerConfig
 from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
+from engine.leases import Lease
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import Verdict, arguments_hash, classify
+from engine.retrying import retrying
 from engine.rules import PolicySet, RuleDecision
 from engine.state import WAITING_POLICIES, PendingCall, ThreadState, next_action, reduce
 from engine.store import Store
@@ -41,6 +46,14 @@ from tools.errors import OutcomeUnknown, ToolError
 log = logging.getLogger("opsloop.runner")
 
 Clock = Callable[[], datetime]
+
+
+class FrontDoor(Protocol):
+    """Where people see a thread (Slack, a CLI). While the runner holds the thread's
+    lease it alone appends: the front door shows what the log holds now and returns its
+    receipts, which the runner appends with its next batch."""
+
+    async def show(self, thread_id: str) -> list[ev.MessagePosted]: ...
 
 
 def offered_tools(tools: ToolRegistry, policy: PolicySet | None) -> list[Tool]:
@@ -85,7 +98,7 @@ class Runner:
         *,
         clock: Clock = ev.utcnow,
         owner: str | None = None,
-        before_tool: Callable[[str], Awaitable[object]] | None = None,
+        front_door: FrontDoor | None = None,
         policy: PolicySet | None = None,
     ) -> None:
         self.store = store
@@ -94,10 +107,10 @@ class Runner:
         self.config = config or RunnerConfig()
         self.clock = clock
         self.owner = owner or worker_id()
-        # Called with the thread id, under this runner's lease, once a tool call is
-        # recorded as started and before it runs: the front door shows what is about to
-        # happen (an approved card, the call) rather than after a long tool returns.
-        self.before_tool = before_tool
+        # Asked to show the thread once a tool call is recorded as started and before
+        # it runs: people see what is about to happen (an approved card, the call)
+        # rather than after a long tool returns.
+        self.front_door = front_door
         # None: each tool's own policy and the process's approvers, as before a policy
         # file; the calls then record no reviewer rule (approvers None).
         self.policy = policy
@@ -105,36 +118,11 @@ class Runner:
     async def run(self, thread_id: str) -> ThreadState | None:
         """Run the thread until it rests; None if another worker holds it."""
         ttl = self.config.lease_ttl_s
-        if not await self.store.acquire_lease(thread_id, self.owner, ttl, now=self.clock()):
+        lease = await Lease.take(self.store, thread_id, self.owner, ttl, clock=self.clock)
+        if lease is None:
             return None
-        lost = asyncio.Event()
-        heartbeat = asyncio.create_task(self._heartbeat(thread_id, lost))
-        try:
-            return await _Turn(self, thread_id, lost).run()
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-            try:
-                await self.store.release_lease(thread_id, self.owner)
-            except Exception:  # it expires on its own; do not mask what happened above
-                log.warning("lease release failed thread_id=%s", thread_id, exc_info=True)
-
-    async def _heartbeat(self, thread_id: str, lost: asyncio.Event) -> None:
-        ttl = self.config.lease_ttl_s
-        while True:
-            await asyncio.sleep(ttl / 3)
-            try:
-                held = await self.store.renew_lease(thread_id, self.owner, ttl, now=self.clock())
-            except Exception:  # a blip; the next beat tries again before expiry
-                log.warning("lease renewal failed thread_id=%s", thread_id, exc_info=True)
-                continue
-            if not held:
-                # Expired and taken by another worker (a long pause, a partition): stop
-                # before starting anything new; appends stay safe through expected_seq.
-                log.warning("lease lost thread_id=%s owner=%s", thread_id, self.owner)
-                lost.set()
-                return
+        async with lease:
+            return await _Turn(self, thread_id, lease.lost).run()
 
 
 class _Turn:
@@ -148,13 +136,21 @@ class _Turn:
         self.projector = Projector(offered_tools(runner.tools, runner.policy), PROJECTION_VERSION)
         self.state = ThreadState()
         self.channel: str | None = None
+        # The front door's receipts, appended ahead of this turn's next batch.
+        self.receipts: list[ev.MessagePosted] = []
 
     async def run(self) -> ThreadState:
         await self._start()
+        await self._steps()
+        if self.receipts and not self.lost.is_set():
+            await retrying(lambda: self._append([]), reread=self._reload)
+        return self.state
+
+    async def _steps(self) -> None:
         while True:
             action = next_action(self.state, self.r.clock())
             if action == "none" or self.lost.is_set():
-                return self.state
+                return
             try:
                 if action == "ask_model":
                     await self._ask_model()
@@ -166,7 +162,7 @@ class _Turn:
                 elif action == "wait_timeout":
                     await self._wait_timeout(self._pending())
                 elif action == "check_wait" and not await self._check_wait(self._pending()):
-                    return self.state
+                    return
             except ConcurrencyConflict:
                 # Someone appended (a reply, a click, a cancel): re-read and re-decide.
                 await self._reload()
@@ -199,13 +195,27 @@ class _Turn:
         )
 
     async def _append(self, batch: Sequence[ev.Event]) -> list[ev.AnyEvent]:
+        """Append ``batch``, after the front door's receipts not yet in the log."""
         appended = await self.r.store.append(
-            self.thread_id, self.state.last_seq, batch, state=self.state, now=self.r.clock()
+            self.thread_id,
+            self.state.last_seq,
+            [*self.receipts, *batch],
+            state=self.state,
+            now=self.r.clock(),
         )
         assert appended.state is not None
+        self.receipts = []
         self._seen(appended.events)
         self.state = appended.state
         return appended.events
+
+    async def _show(self) -> None:
+        if self.r.front_door is None:
+            return
+        try:
+            self.receipts += await self.r.front_door.show(self.thread_id)
+        except Exception:  # showing progress never stops the work
+            log.warning("front door failed thread_id=%s", self.thread_id, exc_info=True)
 
     # --- the model ------------------------------------------------------------------
 
@@ -383,11 +393,7 @@ class _Turn:
         """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
         if self.lost.is_set():
             return  # the new owner re-runs this attempt's successor with the same key
-        if self.r.before_tool is not None:
-            try:
-                await self.r.before_tool(self.thread_id)
-            except Exception:  # showing progress never stops the work
-                log.warning("before_tool hook failed thread_id=%s", self.thread_id, exc_info=True)
+        await self._show()
         tool = self.r.tools.get(call.intent)
         ctx = ToolContext(
             thread_id=self.thread_id,
@@ -518,28 +524,26 @@ class _Turn:
 
     async def _record(self, call: PendingCall, outcome: ev.Event) -> None:
         """Append a tool's outcome, re-reading past any input that arrived meanwhile."""
-        for _ in range(20):
-            try:
-                await self._append([outcome])
-                return
-            except ConcurrencyConflict:
-                await self._reload()
-                if not _still_open(self.state, call):
-                    log.warning(
-                        "dropping outcome of a call no longer pending thread_id=%s tool_call_id=%s",
-                        self.thread_id,
-                        call.tool_call_id,
-                    )
-                    return
-            except IllegalTransition:
+
+        async def once() -> None:
+            if not _still_open(self.state, call):
                 log.warning(
-                    "outcome refused thread_id=%s tool_call_id=%s",
+                    "dropping outcome of a call no longer pending thread_id=%s tool_call_id=%s",
                     self.thread_id,
                     call.tool_call_id,
-                    exc_info=True,
                 )
                 return
-        raise ConcurrencyConflict(self.thread_id, self.state.last_seq)
+            await self._append([outcome])
+
+        try:
+            await retrying(once, reread=self._reload)
+        except IllegalTransition:
+            log.warning(
+                "outcome refused thread_id=%s tool_call_id=%s",
+                self.thread_id,
+                call.tool_call_id,
+                exc_info=True,
+            )
 
     # --- waits ----------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ async def test_another_owner_holding_the_lease_gets_0_and_it_delivers_later(stor
 
 async def test_a_lease_held_by_the_same_owner_is_used_and_left_in_place(store, slack, delivery):
     tid = await start(store, slack, LOOKUP)
-    assert await store.acquire_lease(tid, "proc-a", 30)  # say, this process's runner
+    assert await store.acquire_lease(tid, "proc-a", 30)  # this owner holds it already
     assert await delivery.deliver(tid) == 4
     assert (await store.get_thread(tid)).lease_owner == "proc-a"
 
@@ -465,6 +465,38 @@ async def test_a_receipt_lost_in_a_crash_is_recovered_without_a_second_post(
     assert (await receipts(store, tid))[0].ts == posted["ts"]
     status, _ = await status_and_lines(store, slack, tid)
     assert status["ts"] == posted["ts"]
+
+
+async def test_show_hands_the_receipts_to_the_runner_and_appends_nothing(store, slack, delivery):
+    tid = await start(store, slack, LOOKUP)
+    before = await store.select_events(tid)
+    assert await store.acquire_lease(tid, "runner", 30)  # the runner holds the thread
+    handed = await delivery.show(tid)
+    assert await store.select_events(tid) == before  # one writer: the runner
+    posts = slack.posted(CHANNEL)
+    assert len(posts) == 4 == len({r.ts for r in handed})
+    assert {r.shows_event_id for r in handed} >= {shown(m, tid) for m in posts}
+    assert (await store.get_thread(tid)).lease_owner == "runner"  # left alone
+    await store.append(tid, before[-1].seq, handed)  # the runner's next batch
+    await store.release_lease(tid, "runner")
+    assert await delivery.deliver(tid) == 0
+    assert len(slack.calls_to("chat.postMessage")) == 4
+
+
+async def test_receipts_a_runner_died_holding_are_found_in_slack_not_posted_again(
+    store, slack, delivery
+):
+    tid = await start(store, slack, LOOKUP)
+    assert await store.acquire_lease(tid, "runner", 30)
+    handed = await delivery.show(tid)
+    await store.release_lease(tid, "runner")  # gone before appending them
+    assert not await receipts(store, tid)
+    looked = len(slack.calls_to("conversations.replies"))
+    assert await delivery.deliver(tid) == 0  # found in Slack: no second post
+    assert len(slack.calls_to("conversations.replies")) == looked + 1
+    assert len(slack.calls_to("chat.postMessage")) == 4
+    got = {(r.shows_event_id, r.ts) for r in await receipts(store, tid)}
+    assert got == {(r.shows_event_id, r.ts) for r in handed}
 
 
 async def test_deliver_recent_finishes_threads_updated_since(store, slack, delivery):
@@ -761,3 +793,11 @@ def test_an_unknown_outcome_posts_the_reconcile_card_and_its_decision_updates_it
     shown = json.dumps(render(update))
     assert "said it happened" in shown and "done by hand" in shown
     assert bk.RETRY_ACTION not in shown
+
+
+def test_every_type_people_see_on_a_card_posts_closes_or_settles_one() -> None:
+    on_cards = [c for c in ev.EVENT_CLASSES if c.facts.people == "card"]
+    handled = {*outbox.CARD_POSTS, *outbox.OUTCOMES, *outbox.RECONCILE_OUTCOMES}
+    assert ev.missing_from(handled, on_cards) == []
+    # Only a cancellation closes cards without being shown on one (it has its own line).
+    assert {ev.type_name(c) for c in handled - set(on_cards)} == {"thread_cancelled"}

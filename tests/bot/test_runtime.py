@@ -14,9 +14,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot.blocks import APPROVE_ACTION
+from bot.outbox import pending_deliveries
 from bot.runtime import Runtime, bind, start_runtime, web_app
 from engine.config import load_settings
 from engine.config_file import parse_config
+from tests.engine.test_one_writer import count_conflicts
 from tests.fakes.anthropic import FAKE_API_KEY
 from tests.fakes.slack import (
     BOT_USER_ID,
@@ -164,6 +166,50 @@ async def test_the_card_shows_the_approval_before_the_tool_and_the_answer(runtim
         posts = slack.calls_to("chat.postMessage")
         assert not any("Filed." in str(c.params.get("text")) for c in posts)  # not yet
         await _wait_posted(slack, "Filed.")
+
+
+async def test_one_approved_call_end_to_end_meets_no_conflict(runtime, fakes, monkeypatch):
+    """Mention, card, Approve, the tool, the answer, every post and its receipt: while
+    the runner holds the thread it alone appends (delivery hands it the receipts), so
+    not one ``ConcurrencyConflict`` is designed in."""
+    met = count_conflicts(monkeypatch)
+    slack, claude = fakes
+    claude.tool_use("create_ticket", {"title": "Disk full on db-2"}, text="Filing it.")
+    claude.text("Filed.")
+    slack.add_message(CHANNEL, f"<@{BOT_USER_ID}> file it", user="U_ALICE", ts=ROOT_TS)
+    async with TestClient(TestServer(web_app(runtime))) as client:
+        mention = app_mention_event(
+            user="U_ALICE", text=f"<@{BOT_USER_ID}> file it", channel=CHANNEL, ts=ROOT_TS
+        )
+        assert await post(client, mention) == 200
+        (card,) = [
+            c for c in await slack.wait_for("chat.postMessage", count=2, timeout=15)
+            if APPROVE_ACTION in str(c.params.get("blocks"))
+        ]  # fmt: skip
+        tid = (await runtime.store.list_threads())[0].id
+        await _at_rest(runtime, tid)  # the reviewer reads the card, then clicks
+        click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=ROOT_TS)
+        assert await post(client, click) == 200
+        await _wait_posted(slack, "Filed.")
+        await _at_rest(runtime, tid)
+    events = await runtime.store.select_events(tid)
+    assert [e.type for e in events].count("tool_result") == 1
+    granted = next(e for e in events if e.type == "approval_granted")
+    result = next(e for e in events if e.type == "tool_result")
+    shown_early = [e for e in events if getattr(e, "shows_event_id", None) == granted.event_id]
+    assert shown_early and all(r.created_at == result.created_at for r in shown_early)
+    assert met == []
+
+
+async def _at_rest(runtime: Runtime, thread_id: str) -> None:
+    """Wait until nobody holds the thread and it has nothing left to show."""
+    for _ in range(300):
+        info = await runtime.store.get_thread(thread_id)
+        events = await runtime.store.select_events(thread_id)
+        if info.lease_owner is None and not pending_deliveries(events):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the thread never came to rest")
 
 
 def test_bind_listens_before_anything_starts_and_refuses_a_taken_port() -> None:
