@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
-from bot import limits
 from bot import mrkdwn as md
 from bot.limits import (
     MAX_BUTTON_TEXT,
@@ -42,9 +41,6 @@ from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
 from engine import events as ev
 from engine.state import PendingCall, SaidSince, ThreadState
 from engine.trace import summarize
-
-# Still importable from here for the tests that check renderings (bot.limits has it).
-check_limits = limits.check_limits
 
 Outcome = Literal["approved", "rejected", "expired", "cancelled"]
 # What became of a call whose outcome was unknown, as its reconcile card says.

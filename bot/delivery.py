@@ -6,9 +6,8 @@ answer), the card updated in place when its approval is decided, expires or the 
 is cancelled, and the thread's status message (with its Cancel button while the thread
 is active) posted first and updated in place as the status changes; each delivery is
 recorded as a ``message_posted`` receipt. The pure
-:func:`bot.outbox.pending_deliveries` says what is still to do (re-exported here, with
-the rest of :mod:`bot.outbox`); :class:`Delivery` does it in log order, one thread at a
-time.
+:func:`bot.outbox.pending_deliveries` says what is still to do; :class:`Delivery` does it
+in log order, one thread at a time.
 
 One writer per lease: while the runner holds a thread, it calls :meth:`Delivery.show`
 (the engine's ``FrontDoor``), which posts and hands the receipts back for the runner to
@@ -38,7 +37,6 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetr
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks as bk
-from bot.outbox import METADATA_TYPE as METADATA_TYPE  # re-exported, as the others
 from bot.outbox import (
     Outbound,
     metadata,

@@ -364,7 +364,7 @@ def required(params: dict[str, Any], key: str, error: str) -> str:
 def check_blocks(blocks: Any) -> None:
     """The checks Slack makes that a renderer most easily breaks (``invalid_blocks``).
 
-    Deliberately independent of ``bot.blocks.check_limits``: a second opinion.
+    Deliberately independent of ``bot.limits.check_limits``: a second opinion.
     """
     if blocks is None:
         return

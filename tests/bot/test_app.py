@@ -23,6 +23,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks as b
+from bot import limits
 from bot import payloads as p
 from bot.app import INVALID_BUTTON, build_app, drain, handle_slack_request
 from bot.reviewers import Reviewers
@@ -674,7 +675,7 @@ async def test_reject_opens_the_modal_and_stores_nothing(store: Store, slack: Fa
     view = call.params["view"]
     assert view["callback_id"] == b.REJECT_CALLBACK
     assert b.parse_binding(view["private_metadata"]) == b.parse_binding(value)
-    assert b.check_limits(view) == []
+    assert limits.check_limits(view) == []
     assert await types_of(store, thread_id) == before
     assert s.kicks == []
 
@@ -822,7 +823,7 @@ async def test_app_home_lists_pending_approvals_and_recent_threads(
         [call] = await slack.wait_for("views.publish")
     view = call.params["view"]
     assert call.params["user_id"] == BOB and view["type"] == "home"
-    assert b.check_limits(view) == []
+    assert limits.check_limits(view) == []
     text = json.dumps(view)
     assert "deploy" in text  # ANN's call, which BOB may approve
     assert "p1700000000000900" in text  # BOB's own thread

@@ -411,7 +411,7 @@ def test_approval_card_structure() -> None:
         assert json.loads(button["value"]) == {"t": THREAD, "c": CALL_ID, "h": HASH}
         assert b.parse_binding(button["value"]) == b.Binding(THREAD, CALL_ID, HASH)
         assert " " not in button["value"]  # compact
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def test_approval_card_from_a_pending_call_uses_its_hash() -> None:
@@ -480,7 +480,7 @@ def test_decided_card_has_no_buttons_and_names_who_and_when(
     assert outcome_text.startswith(line)
     assert md.date(NOW) in outcome_text
     assert blocks[1:4] == b.approval_card(**card_inputs())[1:4]  # same audit record
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def test_decided_card_carries_the_reject_reason_escaped() -> None:
@@ -621,14 +621,14 @@ def test_a_long_final_answer_is_split_into_sections() -> None:
     assert all(blk["type"] == "section" for blk in blocks)
     assert all(len(blk["text"]["text"]) <= 3000 for blk in blocks)
     assert "".join(blk["text"]["text"] for blk in blocks) == text.strip()
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def test_an_enormous_final_answer_stops_at_50_blocks_with_a_pointer() -> None:
     blocks = b.event_line(ev.FinalAnswer(thread_id=THREAD, text="word " * 60_000))
     assert blocks is not None and len(blocks) == 50
     assert blocks[-1]["text"]["text"].endswith(md.trace_pointer(THREAD))
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 # --- the status line --------------------------------------------------------------------
@@ -675,7 +675,7 @@ def test_status_message(s: ThreadState, text: str, cancel: bool) -> None:
         )
         assert button["confirm"]["confirm"]["text"] == "Cancel thread"
     assert f"`opsloop trace {THREAD}`" in blocks[1]["elements"][0]["text"]
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def test_status_without_approvers_asks_for_a_reviewer() -> None:
@@ -706,7 +706,7 @@ def test_reject_modal() -> None:
         "max_length": 2000,
         "placeholder": None,
     }
-    assert b.check_limits(view) == []
+    assert limits.check_limits(view) == []
 
 
 # --- the notification text --------------------------------------------------------------
@@ -796,7 +796,7 @@ def test_every_renderer_keeps_slacks_limits(text: str, args: Any, intent: str) -
     renderings = list(every_rendering(text, args, intent))
     assert len(renderings) > 30
     for name, rendering in renderings:
-        assert b.check_limits(rendering) == [], name
+        assert limits.check_limits(rendering) == [], name
         sdk_validate(rendering)
         if not isinstance(rendering, dict):
             assert len(b.fallback_text(rendering)) <= 3000
@@ -805,7 +805,7 @@ def test_every_renderer_keeps_slacks_limits(text: str, args: Any, intent: str) -
 def test_a_20000_character_answer_fits() -> None:
     blocks = b.event_line(ev.FinalAnswer(thread_id=THREAD, text="z" * 20_000))
     assert blocks is not None and 7 <= len(blocks) <= 50
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def button(**kw: Any) -> dict[str, Any]:
@@ -906,7 +906,7 @@ def section(text: str) -> dict[str, Any]:
     ],
 )
 def test_check_limits_names_each_violation(rendering: Any, problem: str) -> None:
-    assert problem in b.check_limits(rendering)
+    assert problem in limits.check_limits(rendering)
 
 
 def test_the_limits_live_in_bot_limits_and_the_moved_names_are_gone_from_bot_blocks() -> None:
@@ -925,8 +925,10 @@ def test_the_limits_live_in_bot_limits_and_the_moved_names_are_gone_from_bot_blo
 
 
 def test_check_limits_counts_astral_characters_twice() -> None:
-    assert b.check_limits([section("𝕏" * 1500)]) == []
-    assert b.check_limits([section("𝕏" * 1501)]) == ["blocks[0].text.text: 3002 characters > 3000"]
+    assert limits.check_limits([section("𝕏" * 1500)]) == []
+    assert limits.check_limits([section("𝕏" * 1501)]) == [
+        "blocks[0].text.text: 3002 characters > 3000"
+    ]
 
 
 # --- purity -----------------------------------------------------------------------------
@@ -992,7 +994,7 @@ def test_an_open_quorum_card_shows_its_progress_and_the_policy_hash() -> None:
     confirm = voted[-1]["elements"][0]["confirm"]["text"]["text"]
     assert confirm.startswith("opsloop runs")  # this vote is the last one needed
     assert "one of the 2" in fresh[-1]["elements"][0]["confirm"]["text"]["text"]
-    assert b.check_limits(voted) == []
+    assert limits.check_limits(voted) == []
 
 
 def test_the_approved_quorum_card_names_every_approver() -> None:
@@ -1044,7 +1046,7 @@ def test_the_reconcile_card_says_what_was_running_since_when_and_offers_three_bu
     assert abandon["style"] == "danger"
     for button in actions["elements"]:
         assert b.parse_binding(button["value"]) == b.Binding(THREAD, CALL_ID, HASH)
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
 
 
 def test_a_reconcile_card_without_an_error_or_start_time_says_less() -> None:
@@ -1101,7 +1103,7 @@ def test_the_note_modal() -> None:
     assert "The model reads your note" in intro["text"]["text"]
     assert (note["block_id"], note["element"]["action_id"]) == (b.NOTE_BLOCK, b.NOTE_ACTION)
     assert note["optional"] is True
-    assert b.check_limits(view) == []
+    assert limits.check_limits(view) == []
 
 
 def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> None:

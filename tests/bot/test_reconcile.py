@@ -14,7 +14,9 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks as b
-from bot.delivery import Delivery, shown_event
+from bot import limits
+from bot.delivery import Delivery
+from bot.outbox import shown_event
 from engine import events as ev
 from engine.events import utcnow
 from engine.policy import ApproverPolicy, arguments_hash
@@ -177,7 +179,7 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
     assert "rule 2: needs 1 of" in text and f"<@{BOB}>" in text
     blocks = post.params["blocks"]
     blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
-    assert b.check_limits(blocks) == []
+    assert limits.check_limits(blocks) == []
     buttons = [e for blk in blocks if blk["type"] == "actions" for e in blk["elements"]]
     digest = arguments_hash("restart", ARGS)
     assert {b.parse_binding(e["value"]) for e in buttons} == {b.Binding(tid, CALL, digest)}
@@ -234,7 +236,7 @@ async def test_it_happened_opens_the_note_modal_and_its_note_is_the_result(
         view = json.loads(view) if isinstance(view, str) else view
         assert opened.params["trigger_id"] == payload["trigger_id"]
         assert view["callback_id"] == b.NOTE_CALLBACK
-        assert b.check_limits(view) == []
+        assert limits.check_limits(view) == []
         note = "restarted at 10:02 <!here>"
         submitted = note_submission(view["private_metadata"], f"  {note} ", CAROL, "V0NOTE0001")
         status, text = await s.send(submitted)
