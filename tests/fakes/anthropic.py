@@ -43,6 +43,8 @@ from anthropic.types import (
 )
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 
+from tests.support.servers import serve
+
 FAKE_API_KEY = "test-key"
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -211,14 +213,8 @@ class FakeAnthropic:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._unknown_path)
         # handler_cancellation: a client that gave up (a timeout) cancels the handler.
-        self._runner = web.AppRunner(
-            app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, port = await serve(app, handler_cancellation=True, shutdown_timeout=1.0)
+        self.url = f"http://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

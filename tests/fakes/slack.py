@@ -36,6 +36,7 @@ from bot.local import slack_requests as sr
 from bot.local.identity import Identity, user_record
 from bot.local.web_api import ApiError, Call, WebApi, json_answer
 from bot.local.workspace import Workspace
+from tests.support.servers import serve
 
 __all__ = ["ApiError", "Call", "FakeSlack"]
 
@@ -113,11 +114,7 @@ class FakeSlack(WebApi):
         self._cond = asyncio.Condition()
         app = web.Application()
         self.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
+        self._runner, port = await serve(app)
         self.url = f"http://127.0.0.1:{port}/api/"
         return self
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.support.servers import serve
+
 
 class FakeSocketMode:
     def __init__(self, app_token: str = "xapp-1-test") -> None:
@@ -34,11 +36,7 @@ class FakeSocketMode:
         app = web.Application()
         app.router.add_route("*", "/api/apps.connections.open", self._open)
         app.router.add_get("/link", self._link)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
+        self._runner, self._port = await serve(app)
         self.url = f"http://127.0.0.1:{self._port}/api/"
         return self
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.servers import serve
 from tools import RetryableToolError, ToolContext, ToolError, ToolLoadError
 from tools.errors import OutcomeUnknown
 from tools.http_actions import (
@@ -80,11 +81,7 @@ class Upstream:
 async def _serve(up: Upstream) -> web.AppRunner:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", up.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    up.port = runner.addresses[0][1]
+    runner, up.port = await serve(app)
     return runner
 
 
