@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import secrets
 import socket
 from collections.abc import Callable, Sequence
@@ -88,24 +87,6 @@ class Local:
 def local_workspace() -> Workspace:
     people = [user_record(LOCAL, p.id, p.name, p.real_name) for p in PEOPLE]
     return Workspace(LOCAL, people=people, channels=CHANNELS, usergroups=USERGROUPS)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (``OSError`` when taken or not ours)."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        if os.name == "posix":  # as asyncio's create_server does; a live listener still wins
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def page_url(host: str, port: int) -> str:

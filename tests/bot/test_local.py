@@ -19,7 +19,8 @@ import pytest
 
 from bot.blocks import APPROVE_ACTION, REASON_ACTION, REASON_BLOCK, REJECT_ACTION, REJECT_CALLBACK
 from bot.local.identity import LOCAL
-from bot.local.server import Local, bind, start_local
+from bot.local.server import Local, start_local
+from bot.runtime import bind
 from engine.config import load_settings
 from engine.models.scripted import ScriptedModel, Step, call, say
 from engine.replay import replay

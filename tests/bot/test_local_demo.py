@@ -21,7 +21,8 @@ from bot.blocks import (
     RETRY_ACTION,
 )
 from bot.local.demo import DEMO_CONFIG, catalog_path, demo_config
-from bot.local.server import Local, bind, start_local
+from bot.local.server import Local, start_local
+from bot.runtime import bind
 from engine.config import load_settings
 from engine.models.phrasebook import PhrasebookModel, help_text
 from tests.bot.test_local import ALICE, BOB, CAROL, Page, card_of, events_of, stop, stream, texts
