@@ -1,4 +1,8 @@
-"""Tools of every policy for engine tests; ``effects`` counts what each really did."""
+"""Tools of every policy for engine tests; ``effects`` counts what each really did.
+
+The golden logs (tests/golden) replay with these tools: their names, descriptions and
+argument models are part of those logs, so change them only with a new golden.
+"""
 
 from __future__ import annotations
 
