@@ -7,17 +7,20 @@ once, each side effect happened once (counted outside the process), one final an
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
+from pathlib import Path
 from subprocess import PIPE
 
 import pytest
 
 from engine.state import reduce
 from engine.store import Store
-from tests.support import crash_child
+from tests.support import crash_child, mcp_counter_server
 from tests.support.processes import CHILD, child_env, lines, run_child
 
 # Commits of one undisturbed run: message, lookup decision+start, lookup result,
@@ -133,6 +136,128 @@ async def test_a_non_idempotent_call_killed_mid_flight_runs_again_only_if_a_pers
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert reduce(events).status == "idle"
     assert Counter(e.type for e in events)["reconcile_decided"] == 1
+
+
+def mcp_child_env(db_url, tmp_path, *, hold_s: float = 0, reconcile: str | None = None):
+    env = child_env(db_url, tmp_path)
+    env.update(CRASH_SCENARIO="mcp", MCP_HOLD_S=str(hold_s))
+    env.pop("RECONCILE", None)
+    if reconcile:
+        env["RECONCILE"] = reconcile
+    return env
+
+
+def run_mcp(db_url, tmp_path, reconcile: str | None = None) -> subprocess.CompletedProcess:
+    """The crash child calling a real stdio MCP server (tests/support/mcp_counter_server.py)."""
+    env = mcp_child_env(db_url, tmp_path, reconcile=reconcile)
+    return subprocess.run(
+        [sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def kill_mid_mcp_call(db_url, tmp_path) -> subprocess.CompletedProcess:
+    """Start the child with the server holding the call open; SIGKILL the child once the
+    counter file shows the server made its effect, before any answer comes back."""
+    env = mcp_child_env(db_url, tmp_path, hold_s=120)
+    child = subprocess.Popen([sys.executable, str(CHILD)], env=env, stdout=PIPE, stderr=PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while mcp_counter_server.count(tmp_path) == 0:
+            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the MCP call never made its effect"
+            time.sleep(0.02)
+        os.kill(child.pid, signal.SIGKILL)
+        try:  # the server shares the child's stderr: this returns once it exited too
+            out, err = child.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the MCP server outlived the SIGKILLed child that started it")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode, out.decode(), err.decode())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by whoever adopted it) is gone too
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def assert_no_server_left(tmp_path: Path, servers: int) -> None:
+    pids = [int(p) for p in lines(tmp_path / mcp_counter_server.PIDS)]
+    assert len(pids) == servers  # one server per child process
+    deadline = time.monotonic() + 5
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == [], f"MCP server processes outlived their client: {left}"
+
+
+@pytest.fixture
+def reap_mcp_servers(tmp_path):
+    """Even when a test fails, no MCP server it started outlives it."""
+    yield
+    for pid in map(int, lines(tmp_path / mcp_counter_server.PIDS)):
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.usefixtures("reap_mcp_servers")
+@pytest.mark.parametrize(("decision", "runs"), [("retry", 2), ("happened", 1)])
+async def test_a_real_mcp_call_killed_mid_flight_runs_again_only_if_a_person_says(
+    db_url, tmp_path, decision, runs
+):
+    first = kill_mid_mcp_call(db_url, tmp_path)
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
+    assert mcp_counter_server.count(tmp_path) == 1
+    assert_no_server_left(tmp_path, 1)
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        types = [e.type for e in await store.select_events(info.id)]
+    finally:
+        await store.close()
+    assert "approval_granted" in types  # MCP tools default to approve_before_run
+    assert types[-1] == "tool_started"  # killed between the effect and its tool_result
+
+    # A fresh process does not call the server again: a person decides.
+    second = run_mcp(db_url, tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.strip() == "awaiting_reconcile"
+    assert mcp_counter_server.count(tmp_path) == 1
+    assert_no_server_left(tmp_path, 2)
+    store = await Store.open(db_url)
+    try:
+        (info,) = await store.list_threads()
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    assert [e.type for e in events][-2:] == ["tool_started", "tool_outcome_unknown"]
+    assert info.status == "awaiting_reconcile"
+
+    third = run_mcp(db_url, tmp_path, reconcile=decision)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.strip() == "idle"
+    assert mcp_counter_server.count(tmp_path) == runs
+    assert_no_server_left(tmp_path, 3)
+    store = await Store.open(db_url)
+    try:
+        events = await store.select_events(info.id)
+    finally:
+        await store.close()
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert reduce(events).status == "idle"
+    types = Counter(e.type for e in events)
+    assert types["reconcile_decided"] == 1
+    assert types["tool_outcome_unknown"] == 1
+    assert types["tool_result"] == (1 if decision == "retry" else 0)
+    assert types["final_answer"] == 1
 
 
 def test_child_script_matches_the_matrix():

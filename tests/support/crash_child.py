@@ -7,6 +7,10 @@ input it sends carries a dedupe key, so a re-run continues instead of starting o
 Side effects are counted outside the process: ``invocations.log`` gets a line per tool
 invocation, ``effects.log`` a line per effect actually made (the tools are idempotent by
 their idempotency key, as a real target system would be).
+
+CRASH_SCENARIO=mcp drives one call of a real stdio MCP server's tool instead
+(tests/support/mcp_counter_server.py, which counts its effect in ``mcp_counter``);
+MCP_HOLD_S is how long the server holds the call open after its effect.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from engine import faults
 from engine.inputs import Decider, decide_approval, decide_reconcile, post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.policy import ApproverPolicy
+from engine.rules import PolicySet
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
 from tools import ToolContext, ToolRegistry, tool
+from tools.mcp import McpServer, McpSource
 
 EFFECTS = Path(os.environ.get("EFFECTS_DIR", "."))
 KEY = ThreadKey("T_CRASH", "C_CRASH", "1700000000.000100")
@@ -88,6 +94,16 @@ SCRIPT = [call("lookup", q="api"), call("deploy", service="api"), say("api is de
 # CRASH_SCENARIO=unknown: one non-idempotent call; RECONCILE (happened, retry, abandon)
 # is what a person says when its outcome is unknown (unset: leave it waiting).
 UNKNOWN_SCRIPT = [call("restart", service="api"), say("api was restarted")]
+# CRASH_SCENARIO=mcp: the same, the call going to a real MCP server (its tools default
+# to approve_before_run and non-idempotent).
+MCP_SCRIPT = [call("mcp__counter__restart", service="api"), say("api was restarted")]
+MCP_SERVER = Path(__file__).resolve().with_name("mcp_counter_server.py")
+
+
+def mcp_source() -> McpSource:
+    hold = os.environ.get("MCP_HOLD_S", "0")
+    args = (str(MCP_SERVER), str(EFFECTS), "--hold", hold)
+    return McpSource(McpServer(name="counter", command=sys.executable, args=args))
 
 
 async def drive(store: Store, runner: Runner, deadline: float) -> str:
@@ -132,10 +148,31 @@ async def drive(store: Store, runner: Runner, deadline: float) -> str:
 
 
 async def main() -> int:
+    scenario = os.environ.get("CRASH_SCENARIO")
+    if scenario == "mcp":
+        return await main_mcp()
+    script = UNKNOWN_SCRIPT if scenario == "unknown" else SCRIPT
+    return await run_script(script, REGISTRY)
+
+
+async def main_mcp() -> int:
+    source = mcp_source()
+    registry = ToolRegistry()
+    try:
+        for mcp_tool in await source.open():
+            registry.register(mcp_tool)
+        return await run_script(MCP_SCRIPT, registry, policy=PolicySet())
+    finally:
+        await source.close()
+
+
+async def run_script(
+    script: list, registry: ToolRegistry, *, policy: PolicySet | None = None
+) -> int:
     store = await Store.open(os.environ["DATABASE_URL"])
     lease = float(os.environ.get("LEASE_SECONDS", "1.0"))
-    script = UNKNOWN_SCRIPT if os.environ.get("CRASH_SCENARIO") == "unknown" else SCRIPT
-    runner = Runner(store, ScriptedModel(script), REGISTRY, RunnerConfig(lease_ttl_s=lease))
+    config = RunnerConfig(lease_ttl_s=lease)
+    runner = Runner(store, ScriptedModel(script), registry, config, policy=policy)
     try:
         status = await drive(store, runner, asyncio.get_running_loop().time() + 60)
     finally:
