@@ -240,21 +240,11 @@ async def decide_approval(
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
             return seen
-        state = await store.load(thread_id)
-        why = await may_decide(
-            store,
-            state,
-            who,
-            decision,
-            policy,
-            tool_call_id=tool_call_id,
-            arguments_hash=arguments_hash,
-            now=now,
+        state, refused = await _load_checked(
+            store, thread_id, who, decision, policy, tool_call_id, arguments_hash, dedupe_key, now
         )
-        if why is not None:
-            return await _refuse(
-                store, thread_id, state, who, decision, tool_call_id, why, dedupe_key
-            )
+        if refused is not None:
+            return refused
         event: ev.Event
         if decision == "approve":
             event = ev.ApprovalGranted(
@@ -298,48 +288,23 @@ async def check_decision(
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
             if isinstance(seen, ev.ApprovalRefused):
                 return Refused(thread_id, seen.reason, seen)
-        state = await store.load(thread_id)
-        why = await may_decide(
+        state, refused = await _load_checked(
             store,
-            state,
+            thread_id,
             decider,
             decision,
             policy,
-            tool_call_id=tool_call_id,
-            arguments_hash=arguments_hash,
-            now=now,
+            tool_call_id,
+            arguments_hash,
+            dedupe_key,
+            now,
         )
-        if why is not None:
-            return await _refuse(
-                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
-            )
+        if refused is not None:
+            return refused
         assert state.pending is not None  # may_decide checked it is this call
         return Decidable(thread_id, tool_call_id, state.pending.intent)
 
     return await retrying(once)
-
-
-async def why_refused(
-    store: Store,
-    state: ThreadState,
-    decider: Decider,
-    decision: ev.ApprovalDecision,
-    policy: ApproverPolicy,
-    tool_call_id: str,
-    arguments_hash: str | None,
-    now: datetime,
-) -> str | None:
-    """:func:`may_decide` for an approval card (kept for its callers)."""
-    return await may_decide(
-        store,
-        state,
-        decider,
-        decision,
-        policy,
-        tool_call_id=tool_call_id,
-        arguments_hash=arguments_hash,
-        now=now,
-    )
 
 
 async def decide_reconcile(
@@ -362,21 +327,19 @@ async def decide_reconcile(
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
             return seen
-        state = await store.load(thread_id)
-        why = await may_decide(
+        state, refused = await _load_checked(
             store,
-            state,
+            thread_id,
             decider,
             decision,
             policy,
-            tool_call_id=tool_call_id,
-            arguments_hash=arguments_hash,
-            now=now,
+            tool_call_id,
+            arguments_hash,
+            dedupe_key,
+            now,
         )
-        if why is not None:
-            return await _refuse(
-                store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
-            )
+        if refused is not None:
+            return refused
         event = ev.ReconcileDecided(
             actor=decider.user,
             tool_call_id=tool_call_id,
@@ -461,6 +424,36 @@ async def why_not_same_org(store: Store, thread_id: str, org: Org | None) -> str
         if theirs is not None and theirs != org.enterprise:
             return "you are not in the Slack organisation this thread belongs to"
     return None
+
+
+async def _load_checked(
+    store: Store,
+    thread_id: str,
+    decider: Decider,
+    decision: ev.RefusedDecision,
+    policy: ApproverPolicy,
+    tool_call_id: str,
+    arguments_hash: str | None,
+    dedupe_key: str | None,
+    now: datetime | None,
+) -> tuple[ThreadState, Refused | None]:
+    """The thread's state and, when :func:`may_decide` says no, the recorded refusal."""
+    state = await store.load(thread_id)
+    why = await may_decide(
+        store,
+        state,
+        decider,
+        decision,
+        policy,
+        tool_call_id=tool_call_id,
+        arguments_hash=arguments_hash,
+        now=now,
+    )
+    if why is None:
+        return state, None
+    return state, await _refuse(
+        store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
+    )
 
 
 async def _refuse(
