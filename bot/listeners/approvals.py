@@ -67,10 +67,7 @@ async def on_reject(
 async def on_reject_submitted(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
-    d, submitted = Deps.of(context), p.parse_submission(body)
-    if isinstance(submitted, str):
-        raise Refusal(INVALID_FORM)
-    binding = binding_of(submitted.private_metadata, INVALID_FORM)
+    d, (submitted, binding) = Deps.of(context), form_of(body)
     decider = await d.decider(submitted.user, submitted.org)
     reason = p.view_value(body.get("view") or {}, REASON_BLOCK, REASON_ACTION)
     result = await _decide(d, binding, decider, "reject", f"view:{submitted.view_id}", reason)
@@ -108,6 +105,14 @@ def click_of(body: dict[str, Any]) -> p.Click:
     if isinstance(clicked, str):
         raise Refusal(INVALID_BUTTON)
     return clicked
+
+
+def form_of(body: dict[str, Any]) -> tuple[p.Submission, Binding]:
+    """A submitted card modal and the call its private metadata binds it to."""
+    submitted = p.parse_submission(body)
+    if isinstance(submitted, str):
+        raise Refusal(INVALID_FORM)
+    return submitted, binding_of(submitted.private_metadata, INVALID_FORM)
 
 
 def binding_of(value: str, invalid: str) -> Binding:

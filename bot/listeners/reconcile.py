@@ -18,9 +18,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
 from bot.blocks import NOTE_ACTION, NOTE_BLOCK, note_modal
-from bot.listeners.approvals import accepted, binding_of, click_of
+from bot.listeners.approvals import accepted, binding_of, click_of, form_of
 from bot.listeners.deps import Deps
-from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
+from bot.refusals import INVALID_BUTTON, Refusal
 from engine import events as ev
 from engine.inputs import Refused, check_reconcile, decide_reconcile
 
@@ -69,10 +69,7 @@ async def on_abandon(
 async def on_note_submitted(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
-    d, submitted = Deps.of(context), p.parse_submission(body)
-    if isinstance(submitted, str):
-        raise Refusal(INVALID_FORM)
-    binding = binding_of(submitted.private_metadata, INVALID_FORM)
+    d, (submitted, binding) = Deps.of(context), form_of(body)
     decider = await d.decider(submitted.user, submitted.org)
     note = p.view_value(body.get("view") or {}, NOTE_BLOCK, NOTE_ACTION)
     result = await decide_reconcile(
