@@ -49,7 +49,10 @@ async def _store(d: Deps, message: p.Message, bot_user_id: str | None, *, start:
     """A person's message as a ``user_message`` (or the answer to an open question).
     ``start``: a message outside any thread of ours starts one; else it is ignored."""
     text = p.mention_text(message.event.text, bot_user_id)
-    names = await d.names.of(p.mentioned_users(text, bot_user_id))
+    mentioned = p.mentioned_users(text, bot_user_id)
+    if mentioned and not start and await d.store.find_thread(message.key) is None:
+        return  # a reply in a thread that is not ours: no Slack lookups for chatter
+    names = await d.names.of(mentioned)
     try:
         done = await post_user_message(
             d.store,

@@ -183,3 +183,19 @@ async def test_mentioned_people_are_named_in_the_source(store: Store, slack: Fak
     assert names[1]["U0NOBODY01"] == "u0nobody01"  # open-world fake: every id is someone
     looked_up = [c.params["user"] for c in slack.calls_to("users.info")]
     assert looked_up.count("U0NOBODY01") == 1  # cached for the second message
+
+
+async def test_a_reply_in_a_thread_not_ours_looks_nobody_up(store: Store, slack: FakeSlack) -> None:
+    """Names are resolved for messages we store, not for channel chatter we ignore."""
+    reply = fake.message_event(
+        user=ANN,
+        text="ask <@U0CAROL001> about lunch",
+        channel=CHANNEL,
+        ts="1700000000.000400",
+        thread_ts=ROOT,
+    )
+    async with served(store, slack) as s:
+        status, _ = await s.send(reply)
+    assert status == 200
+    assert await store.list_threads() == []
+    assert slack.calls_to("users.info") == []
