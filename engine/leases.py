@@ -5,6 +5,9 @@ run, delivery for a pass over a thread at rest. The heartbeat renews the lease e
 third of its ttl; when renewal finds it taken by another owner (a long pause, a
 partition), ``lost`` is set and the holder starts nothing new. Appends stay safe even
 then: ``expected_seq`` turns a stale writer into a conflict.
+
+A lease is taken from another owner when it expired, or at once when its owner is a
+registered worker that is provably dead (engine.workers): a paused owner keeps it.
 """
 
 from __future__ import annotations

@@ -2,11 +2,17 @@
 
 Each process runs its own in-memory APScheduler 3 whose jobs only *look* in the
 database (job stores must not be shared between schedulers); leases in the database
-decide who runs a thread. A sweep every ``interval`` seconds picks up timers that are
-due and threads left ``running`` by a dead process (their lease expired), so at startup
-every thread left mid-step resumes with nobody touching it. Wake-ups for timers known
-in this process are date jobs with deterministic ids (``wake-{thread_id}-{due}``), so
-scheduling one twice never doubles it.
+decide who runs a thread. A sweep every ``interval`` seconds claims (takes the lease
+of) timers that are due and threads left ``running`` by a dead process (their lease
+expired, or their owner is provably dead: engine.workers), so at startup every thread
+left mid-step resumes with nobody touching it, and N replicas sweeping at once never
+take the same thread. Wake-ups for timers known in this process are date jobs with
+deterministic ids (``wake-{thread_id}-{due}``), so scheduling one twice never doubles it.
+
+With ``presence`` the worker registers itself (engine.workers); on PostgreSQL it then
+hears, within milliseconds, of threads another replica made runnable (NOTIFY) and runs
+them at once. The sweep stays as the safety net: a notification reaches only sessions
+listening at commit time.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from engine.events import utcnow
 from engine.runner import Runner
 from engine.store import Store
+from engine.workers import BEAT_S, Presence
 
 log = logging.getLogger("opsloop.scheduler")
 
@@ -49,6 +56,7 @@ class Dispatcher:
         # has answers to give (they have a deadline; runs do not).
         self._gate = gate
         self._limit = asyncio.Semaphore(max_concurrency)
+        self.max_concurrency = max_concurrency
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._closed = False
@@ -65,6 +73,15 @@ class Dispatcher:
             return
         self._tasks[thread_id] = asyncio.create_task(self._drive(thread_id))
 
+    def cooling_ids(self) -> list[str]:
+        """The threads the sweep should leave alone for now."""
+        now = time.monotonic()
+        return [t for t, (_, until) in self._cooling.items() if until > now]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def cooling(self, thread_id: str) -> bool:
         """Whether the sweep should leave this thread alone for now (its run failed)."""
         entry = self._cooling.get(thread_id)
@@ -73,6 +90,11 @@ class Dispatcher:
     @property
     def busy(self) -> int:
         return len(self._tasks)
+
+    @property
+    def room(self) -> int:
+        """How many more threads could start now: what a sweep should claim at most."""
+        return max(0, self.max_concurrency - len(self._tasks))
 
     async def _drive(self, thread_id: str) -> None:
         try:
@@ -121,11 +143,17 @@ class Scheduler:
         store: Store,
         dispatcher: Dispatcher,
         *,
+        owner: str,
+        lease_ttl: float,
         interval: float = 1.0,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
+        # The sweep claims due threads for the runner's lease owner; the runner's own
+        # take of the lease is then re-entrant, and releases it when the run ends.
+        self.owner = owner
+        self.lease_ttl = lease_ttl
         self.interval = interval
         self.clock = clock
         self._aps = AsyncIOScheduler(timezone="UTC")
@@ -155,20 +183,37 @@ class Scheduler:
         self._aps.shutdown(wait=False)
 
     async def sweep(self) -> list[str]:
-        """Kick every thread with work due now; returns their ids."""
+        """Claim and kick every thread with work due now; returns their ids."""
         task = asyncio.current_task()
         if task is not None:
             self._sweeps.add(task)
             task.add_done_callback(self._sweeps.discard)
+        # A claim nobody runs soon would sit until it expires, keeping the thread from
+        # replicas with room: claim only what can start now.
+        room = self.dispatcher.room
+        if self.dispatcher.closed or room == 0:
+            return []
         try:
-            due = await self.store.due_threads(self.clock())
+            due = await self.store.claim_due(
+                self.owner,
+                self.lease_ttl,
+                now=self.clock(),
+                limit=room,
+                skip=self.dispatcher.cooling_ids(),
+            )
         except Exception:
             log.warning("sweep could not read the database", exc_info=True)
             return []
-        due = [t for t in due if not self.dispatcher.cooling(t)]
         for thread_id in due:
             self.dispatcher.kick(thread_id)
         return due
+
+    def sweep_soon(self) -> None:
+        """A sweep now, besides the interval's (a notification channel came back)."""
+        if self._aps.running:
+            task = asyncio.get_running_loop().create_task(self.sweep())
+            self._sweeps.add(task)  # held until done (the loop keeps only a weak one)
+            task.add_done_callback(self._sweeps.discard)
 
     async def _wake(self, thread_id: str) -> None:
         # A coroutine job runs on the event loop; a plain function would run in a thread.
@@ -206,10 +251,13 @@ class Worker:
         max_concurrency: int = 16,
         after_run: Callable[[str], Awaitable[object]] | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
+        presence: bool = False,
+        beat_s: float = BEAT_S,
     ) -> None:
         self.runner = runner
         # What the front door does once a thread rests (Slack: show what happened).
         self.after_run = after_run
+        self._gate = gate  # as each run and each step, showing waits for the answers
         self.dispatcher = Dispatcher(
             self._run_until_settled,
             max_concurrency=max_concurrency,
@@ -217,8 +265,27 @@ class Worker:
             gate=gate,
         )
         self.scheduler = Scheduler(
-            runner.store, self.dispatcher, interval=interval, clock=runner.clock
+            runner.store,
+            self.dispatcher,
+            owner=runner.owner,
+            lease_ttl=runner.config.lease_ttl_s,
+            interval=interval,
+            clock=runner.clock,
         )
+        # Registered under the runner's lease owner id (engine.workers): a serving
+        # process does; tests that drive one worker in-process need not.
+        self.presence = (
+            Presence(runner.store, runner.owner, beat_s=beat_s, on_runnable=self._heard)
+            if presence
+            else None
+        )
+
+    def _heard(self, thread_id: str | None) -> None:
+        """Another session made ``thread_id`` runnable (None: we may have missed some)."""
+        if thread_id is None:
+            self.scheduler.sweep_soon()
+        else:
+            self.dispatcher.kick(thread_id)
 
     async def _run_until_settled(self, thread_id: str) -> None:
         state = await self.runner.run(thread_id)
@@ -232,6 +299,8 @@ class Worker:
     async def _rest(self, thread_id: str) -> None:
         await self.scheduler.after_run(thread_id)
         if self.after_run is not None:
+            if self._gate is not None:
+                await self._gate()
             try:
                 await self.after_run(thread_id)
             except Exception:  # delivery retries on the next rest; the log keeps it all
@@ -240,9 +309,17 @@ class Worker:
     def kick(self, thread_id: str) -> None:
         self.dispatcher.kick(thread_id)
 
+    async def register(self) -> None:
+        """Register this worker (with ``presence``); before ``start``, so its first
+        sweep already runs as a registered worker. Raises if the database refuses."""
+        if self.presence is not None:
+            await self.presence.start()
+
     def start(self) -> None:
         self.scheduler.start()
 
     async def stop(self) -> None:
         await self.scheduler.shutdown()
         await self.dispatcher.close()
+        if self.presence is not None:  # after the runs: their leases are released
+            await self.presence.stop()

@@ -58,6 +58,21 @@ class SnapshotRow(SQLModel, table=True):
     state: str = Field(sa_type=sa.Text)
 
 
+class WorkerRow(SQLModel, table=True):
+    """A process that runs threads (engine.workers): its lease owner id, where it runs,
+    and its last heartbeat. Whether it lives is a lock the database or the OS releases
+    when it dies (PostgreSQL advisory lock, SQLite flock), never this row's age."""
+
+    __tablename__ = "workers"
+
+    id: str = Field(primary_key=True, max_length=128)
+    host: str = Field(max_length=255)
+    pid: int
+    started_at: datetime = Field(sa_type=UTCDateTime)
+    heartbeat_at: datetime = Field(sa_type=UTCDateTime)
+
+
 THREADS: sa.Table = ThreadRow.__table__  # type: ignore[attr-defined]
 EVENTS: sa.Table = EventRow.__table__  # type: ignore[attr-defined]
 SNAPSHOTS: sa.Table = SnapshotRow.__table__  # type: ignore[attr-defined]
+WORKERS: sa.Table = WorkerRow.__table__  # type: ignore[attr-defined]

@@ -10,7 +10,9 @@ from engine.store.base import (
     BACKENDS,
     SNAPSHOT_EVERY,
     TIMED_STATUSES,
+    OnRunnable,
     Store,
+    WorkerInfo,
     new_thread_id,
     open_store,
 )
@@ -24,9 +26,11 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "TIMED_STATUSES",
     "Appended",
+    "OnRunnable",
     "Store",
     "ThreadInfo",
     "ThreadKey",
+    "WorkerInfo",
     "new_thread_id",
     "open_store",
 ]

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine import faults, mapper
+from engine import faults, mapper, metrics
 from engine.db import DatabaseConfig, create_engine, parse_database_url
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
@@ -44,6 +44,8 @@ from engine.types import Appended, ThreadInfo, ThreadKey
 SNAPSHOT_EVERY = 200
 # Statuses whose wake_at means "look again at this time".
 TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
+# Statuses of a thread that ended: what `opsloop archive` may take out of the hot tables.
+ENDED_STATUSES = ("idle", "failed", "cancelled")
 # The columns of a thread row, in ThreadInfo's order (both backends select these).
 THREAD_COLUMNS = (
     "id, team, channel, root_ts, requester, status, last_seq, wake_at, lease_owner, "
@@ -77,6 +79,37 @@ class Log:
     base: ThreadState | None
     rows: list[Row]
     exists: bool
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A registered worker (engine.workers); ``alive``: not provably dead (its proof of
+    life is held, or cannot be checked from here)."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    alive: bool
+
+
+# Called with a thread id when another session made that thread runnable (PostgreSQL
+# NOTIFY); called with None after the channel was lost and found again (look at all).
+OnRunnable = Callable[[str | None], None]
+
+
+# A lease as it was before a take: (owner, expiry), both None when it was free.
+Previous = tuple[str | None, datetime | None]
+
+
+def _count_takeover(owner: str, previous: Previous, now: datetime) -> None:
+    """Count a lease taken from another owner: it had expired, or its owner was dead."""
+    was_owner, was_until = previous
+    if was_owner is None or was_owner == owner:
+        return
+    reason = "expired" if was_until is None or was_until < now else "dead_owner"
+    metrics.LEASE_TAKEOVERS.labels(reason=reason).inc()
 
 
 def new_thread_id() -> str:
@@ -212,8 +245,11 @@ class Store(abc.ABC):
         """Move a waiting thread's next look (a poll that found the job still running)."""
 
     @abc.abstractmethod
-    async def _acquire(self, thread_id: str, owner: str, until: datetime, now: datetime) -> bool:
-        """Take the lease unless another owner's is live."""
+    async def _acquire(
+        self, thread_id: str, owner: str, until: datetime, now: datetime
+    ) -> Previous | None:
+        """Take the lease unless another owner's is live (and its owner alive); the
+        lease it replaced, or None when it was not taken."""
 
     @abc.abstractmethod
     async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool: ...
@@ -365,6 +401,7 @@ class Store(abc.ABC):
         dedupe_key: str | None = None,
         now: datetime | None = None,
         start: bool = True,
+        fresh: bool = False,
     ) -> tuple[str, Appended]:
         """Store the input ``build(state)`` in the thread at ``key`` (created if new, or
         ``ThreadNotFound`` when ``start`` is false): what a front door does before it
@@ -373,9 +410,16 @@ class Store(abc.ABC):
 
         The reads come first; the write is the guarded append, so a writer that moved
         the thread meanwhile makes it ``ConcurrencyConflict`` (the caller reads again).
-        A new thread and its first input are one transaction.
+        A new thread and its first input are one transaction. ``fresh``: the input is
+        the root of its thread (a mention outside any thread), so the thread is almost
+        surely new and that transaction is tried first, with no read before it: one
+        round trip for the ack. Where the thread exists after all (a redelivery), it
+        writes nothing and the usual path follows.
         """
         now = now or utcnow()
+        if fresh and start:
+            with contextlib.suppress(ConcurrencyConflict):
+                return await self._append_new_thread(key, build, now)
         thread_id = await self.find_thread(key)
         if thread_id is None:
             if not start:
@@ -409,9 +453,14 @@ class Store(abc.ABC):
     async def acquire_lease(
         self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
     ) -> bool:
-        """Take the thread for ``ttl`` seconds unless another owner holds a live lease."""
+        """Take the thread for ``ttl`` seconds unless another owner holds a live lease
+        (a lease whose owner is provably dead is taken at once)."""
         now = now or utcnow()
-        return await self._acquire(thread_id, owner, now + timedelta(seconds=ttl), now)
+        previous = await self._acquire(thread_id, owner, now + timedelta(seconds=ttl), now)
+        if previous is None:
+            return False
+        _count_takeover(owner, previous, now)
+        return True
 
     async def renew_lease(
         self, thread_id: str, owner: str, ttl: float, *, now: datetime | None = None
@@ -419,8 +468,129 @@ class Store(abc.ABC):
         return await self._renew(thread_id, owner, (now or utcnow()) + timedelta(seconds=ttl))
 
     async def due_threads(self, now: datetime | None = None, limit: int = 100) -> list[str]:
-        """Threads with work and no live lease: timers due, or runnable and unowned."""
+        """Threads with work and no live lease: timers due, or runnable and unowned,
+        or held by a worker that is provably dead."""
         return await self._due(now or utcnow(), limit)
+
+    async def claim_due(
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        now: datetime | None = None,
+        limit: int = 100,
+        skip: Collection[str] = (),
+    ) -> list[str]:
+        """Take the lease of due threads for ``owner`` (what ``due_threads`` finds, less
+        ``skip``) in one statement and return their ids: N sweeping replicas each get
+        their own threads instead of all racing for the same ones."""
+        now = now or utcnow()
+        until = now + timedelta(seconds=ttl)
+        claimed = await self._claim(owner, until, now, limit, list(skip))
+        for _, previous in claimed:
+            _count_takeover(owner, previous, now)
+        return [thread_id for thread_id, _ in claimed]
+
+    @abc.abstractmethod
+    async def _claim(
+        self, owner: str, until: datetime, now: datetime, limit: int, skip: list[str]
+    ) -> list[tuple[str, Previous]]:
+        """Each claimed thread's id and the lease it replaced."""
+
+    # --- workers: who runs threads, and whether they live (engine.workers) -------------
+    #
+    # A lease whose owner is *provably dead* (its worker registered here and the lock
+    # that proves it lives is free: a PostgreSQL session advisory lock, a SQLite flock)
+    # is taken at once by ``acquire_lease`` and found by ``due_threads``; an owner that
+    # is merely slow keeps its lease until it expires. The worker of a lease owner is
+    # the owner up to its first "/" (engine.store.locks.worker_of).
+
+    @abc.abstractmethod
+    async def register_worker(
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        now: datetime,
+        on_runnable: OnRunnable | None = None,
+    ) -> None:
+        """Hold ``worker_id``'s proof of life for as long as this store is open, record
+        its row, and forget rows of dead workers that hold no lease. ``on_runnable``:
+        call it when another session makes a thread runnable (PostgreSQL; SQLite has
+        no cross-process notification and leaves it to the sweep)."""
+
+    @abc.abstractmethod
+    async def beat_worker(self, worker_id: str, now: datetime) -> bool:
+        """Record a heartbeat; re-establish the proof of life (and the notification
+        channel) if it was lost. False when it had been lost: this process may have
+        been taken for dead meanwhile."""
+
+    @abc.abstractmethod
+    async def unregister_worker(self, worker_id: str) -> None:
+        """A clean shutdown: forget the row unless a lease is still held (a run cut
+        short), then give up the proof of life, so such a lease is taken at once."""
+
+    @abc.abstractmethod
+    async def list_workers(self) -> list[WorkerInfo]: ...
+
+    # --- housekeeping: archive and sizes (opsloop archive, opsloop threads) ------------
+
+    @abc.abstractmethod
+    async def _ended(
+        self, statuses: list[str], before: datetime, now: datetime, after: str, limit: int
+    ) -> list[Row]:
+        """Rows in ``statuses``, updated before ``before``, no live lease, id > ``after``."""
+
+    @abc.abstractmethod
+    async def _delete_thread(
+        self, thread_id: str, last_seq: int, statuses: list[str], before: datetime, now: datetime
+    ) -> bool:
+        """One transaction: the thread's events, snapshot and row go, only if the row
+        still matches what ``_ended`` selected and is at ``last_seq``."""
+
+    @abc.abstractmethod
+    async def _sizes(self, thread_ids: list[str] | None) -> list[Row]:
+        """``thread_id, events, bytes`` (payload octets) per thread that has events."""
+
+    async def select_ended_threads(
+        self,
+        before: datetime,
+        *,
+        after: str = "",
+        limit: int = 100,
+        now: datetime | None = None,
+    ) -> list[ThreadInfo]:
+        """Threads that ended (``ENDED_STATUSES``) with no change since ``before`` and no
+        live lease, by id after ``after`` (a page cursor): what ``archive`` may take.
+        A thread waiting for a person, a job or a timer, or running, is never one."""
+        rows = await self._ended(list(ENDED_STATUSES), before, now or utcnow(), after, limit)
+        return [ThreadInfo(**row) for row in rows]
+
+    async def delete_thread(
+        self, thread_id: str, last_seq: int, *, before: datetime, now: datetime | None = None
+    ) -> bool:
+        """Remove an ended thread from the hot tables (events, snapshot, row) in one
+        transaction. False, and nothing removed, when it moved since it was read (a new
+        message reopened it, its lease was taken) or is gone already."""
+        statuses = list(ENDED_STATUSES)
+        return await self._delete_thread(thread_id, last_seq, statuses, before, now or utcnow())
+
+    async def select_thread_sizes(
+        self, thread_ids: Collection[str] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """``{thread_id: (events, bytes)}`` in one grouped read; bytes are the stored
+        payloads' length. Threads without events are absent; None: every thread."""
+        wanted = None if thread_ids is None else list(thread_ids)
+        rows = await self._sizes(wanted)
+        return {r["thread_id"]: (int(r["events"]), int(r["bytes"])) for r in rows}
+
+    # --- metrics (GET /metrics) ---------------------------------------------------------
+
+    @abc.abstractmethod
+    async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
+        """``({status: threads}, when the oldest pending approval was asked)`` in one
+        read of two grouped queries, cheap enough for every scrape; None: none pending."""
 
 
 # Dialect -> backend class, filled by the package (engine/store/__init__.py) as it

@@ -10,6 +10,7 @@ SQLAlchemy is used only to create the tables from the SQLModel metadata.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel import SQLModel
 
 from engine.db import DatabaseConfig
+from engine.errors import ConfigError
 from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
@@ -29,15 +31,31 @@ from engine.store.base import (
     TIMED_STATUSES,
     Duplicate,
     Log,
+    OnRunnable,
     Outcome,
+    Previous,
     Row,
     Store,
+    WorkerInfo,
 )
-from engine.tables import EVENTS, SNAPSHOTS, THREADS
+from engine.tables import EVENTS, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
 
+# NOTIFY on the schema's channel, in the append's own statement (so at its commit,
+# never for an append that did not happen), when the thread becomes runnable: $8 is
+# its new status, $12 its id; ``became`` says it was not runnable before. Sub-statements
+# of one WITH see the same snapshot: the SELECT of threads reads the row as it was.
+RUNNABLE_CHANNEL = "opsloop_runnable:"
+_WAKE = f"""CASE WHEN $8 = 'running' AND {{became}}
+    THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'), $12::text)
+    END AS woke"""
+_WAKE_MOVED = _WAKE.format(
+    became="EXISTS (SELECT FROM moved)"
+    " AND (SELECT status FROM threads WHERE id = $12) IS DISTINCT FROM 'running'"
+)
+_WAKE_CREATED = _WAKE.format(became="count(*) = 1")
 # ``$V`` is the events' schema versions, the last argument of each statement.
 _EVENTS_FROM_ARRAYS = """
 unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $V::int[])
@@ -70,7 +88,7 @@ WITH stored AS (
     SELECT moved.id, $7, $15::text FROM moved WHERE $15::text IS NOT NULL
     ON CONFLICT (thread_id) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state
 )
-SELECT (SELECT count(*) FROM moved) AS moved, stored.*
+SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {_WAKE_MOVED}
 FROM (SELECT) AS one LEFT JOIN stored ON true
 """
 # A new thread already at its state, with its first events and any snapshot:
@@ -91,7 +109,7 @@ WITH created AS (
     INSERT INTO snapshots (thread_id, seq, state)
     SELECT created.id, $7, $16::text FROM created WHERE $16::text IS NOT NULL
 )
-SELECT count(*) FROM created
+SELECT count(*), {_WAKE_CREATED} FROM created
 """
 CREATE_THREAD_SQL = """
 WITH created AS (
@@ -118,20 +136,91 @@ SNAPSHOT_SQL = "SELECT state FROM snapshots WHERE thread_id = $1"
 EXISTS_SQL = "SELECT 1 FROM threads WHERE id = $1"
 DEDUPE_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = $1 AND dedupe_key = $2"
 WAKE_SQL = "UPDATE threads SET wake_at = $3 WHERE id = $1 AND last_seq = $2"
-ACQUIRE_SQL = """
-UPDATE threads SET lease_owner = $2, lease_expires_at = $3
-WHERE id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_at < $4)
+# Workers' proof of life: a session advisory lock (WORKER_LOCK_CLASS, hashtext(id)),
+# which the server drops with the session, however the process died. Two-key locks
+# show in pg_locks with objsubid 2 (the migrations' one-key lock has 1). A collision
+# of hashtext makes a dead worker look alive: its leases then wait for expiry.
+WORKER_LOCK_CLASS = 727002
+_DEAD_WORKERS = f"""
+SELECT dw.id FROM workers dw WHERE NOT EXISTS (
+    SELECT FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = {WORKER_LOCK_CLASS} AND l.objid = hashtext(dw.id)::oid)
+"""
+
+
+def _takeable(now: str) -> str:
+    """The lease is free, expired at ``now``, or its owner (up to a "/") is a dead
+    worker's."""
+    return f"""(lease_owner IS NULL OR lease_expires_at < {now}
+    OR split_part(lease_owner, '/', 1) IN ({_DEAD_WORKERS}))"""
+
+
+def _has_work(now: str, statuses: str) -> str:
+    """The thread is running, or its timer is due at ``now``."""
+    return f"(status = 'running' OR (status = ANY({statuses}::text[]) AND wake_at <= {now}))"
+
+
+def _due_where(now: str, statuses: str) -> str:
+    """A thread with work whose lease anyone may take."""
+    return f"{_takeable(now)} AND {_has_work(now, statuses)}"
+
+
+# Returns the lease it replaced (read under the row lock the UPDATE takes anyway).
+ACQUIRE_SQL = f"""
+WITH was AS (
+    SELECT lease_owner AS was_owner, lease_expires_at AS was_until
+    FROM threads WHERE id = $1 FOR UPDATE
+)
+UPDATE threads SET lease_owner = $2, lease_expires_at = $3 FROM was
+WHERE id = $1 AND (lease_owner = $2 OR {_takeable("$4")})
+RETURNING was.was_owner, was.was_until
 """
 RENEW_SQL = "UPDATE threads SET lease_expires_at = $3 WHERE id = $1 AND lease_owner = $2"
 RELEASE_SQL = """
 UPDATE threads SET lease_owner = NULL, lease_expires_at = NULL
 WHERE id = $1 AND lease_owner = $2
 """
-DUE_SQL = """
-SELECT id FROM threads
-WHERE (lease_owner IS NULL OR lease_expires_at < $1)
-  AND (status = 'running' OR (status = ANY($2::text[]) AND wake_at <= $1))
-ORDER BY updated_at LIMIT $3
+DUE_SQL = f"SELECT id FROM threads WHERE {_due_where('$1', '$2')} ORDER BY updated_at LIMIT $3"
+# Claimed in the statement that finds them: rows another replica is claiming at this
+# moment are skipped (SKIP LOCKED), and one it claimed since our snapshot fails the
+# re-check of FOR UPDATE, so replicas sweeping together never take the same thread.
+# $1 now, $2 the timed statuses, $3 limit, $4 the claiming owner, $5 its lease's end,
+# $6 ids to leave alone.
+CLAIM_SQL = f"""
+WITH due AS (
+    SELECT id, lease_owner AS was_owner, lease_expires_at AS was_until
+    FROM threads WHERE {_due_where("$1", "$2")} AND NOT (id = ANY($6::text[]))
+    ORDER BY updated_at LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE threads SET lease_owner = $4, lease_expires_at = $5 FROM due
+WHERE threads.id = due.id
+RETURNING threads.id, due.was_owner, due.was_until
+"""
+WORKER_LOCK_SQL = f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, hashtext($1))"
+WORKER_UNLOCK_SQL = f"SELECT pg_advisory_unlock({WORKER_LOCK_CLASS}, hashtext($1))"
+WORKER_UPSERT_SQL = """
+INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, heartbeat_at = EXCLUDED.heartbeat_at
+"""
+WORKER_BEAT_SQL = "UPDATE workers SET heartbeat_at = $2 WHERE id = $1"
+# A worker leaving forgets its row unless it still holds a lease (a run cut short): that
+# row, its lock given up, then proves the lease's owner dead to whoever looks next.
+WORKER_LEAVE_SQL = """
+DELETE FROM workers WHERE id = $1
+  AND NOT EXISTS (SELECT FROM threads WHERE split_part(lease_owner, '/', 1) = $1)
+"""
+# Rows of other dead workers that hold no lease: nothing needs them any more.
+WORKER_PRUNE_SQL = f"""
+DELETE FROM workers w WHERE w.id <> $1 AND w.id IN ({_DEAD_WORKERS})
+  AND NOT EXISTS (SELECT FROM threads t WHERE split_part(t.lease_owner, '/', 1) = w.id)
+"""
+WORKERS_SQL = f"""
+SELECT id, host, pid, started_at, heartbeat_at, id NOT IN ({_DEAD_WORKERS}) AS alive
+FROM workers ORDER BY started_at
 """
 
 # Errors after which a connection cannot be trusted (a server-side error such as a
@@ -214,10 +303,81 @@ def _create_and_stamp(conn: sa.Connection) -> None:
     """Create missing tables; stamp a new database at this release's schema revision
     (one with tables already is left to ``opsloop migrate``, engine.migrations)."""
     found = sa.inspect(conn).has_table("threads")
-    SQLModel.metadata.create_all(conn, tables=[THREADS, EVENTS, SNAPSHOTS])
+    SQLModel.metadata.create_all(conn, tables=[THREADS, EVENTS, SNAPSHOTS, WORKERS])
     if not found:
         VERSION_TABLE.create(conn, checkfirst=True)
         conn.execute(VERSION_TABLE.insert().values(version_num=HEAD))
+
+
+class _Presence:
+    """The session that proves a worker lives, and hears NOTIFY for this schema.
+
+    It holds the worker's advisory lock for as long as it is open; the server drops
+    the lock with the session, so a dead process is seen as dead at once, and a
+    stopped one (SIGSTOP: the socket stays open) as alive. A lost session is opened
+    again at the next beat, which says so: notifications sent meanwhile never came
+    (they reach only sessions listening at commit time), so the caller looks at all.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
+        worker_id: str,
+        where: tuple[str, int],
+        on_runnable: OnRunnable | None,
+    ) -> None:
+        self._connect = connect
+        self.worker_id = worker_id
+        self._where = where
+        self._on_runnable = on_runnable
+        self._conn: asyncpg.Connection | None = None
+
+    async def open(self, now: datetime) -> None:
+        conn = await self._connect()
+        try:
+            # The lock first, then the row: a row without its lock held reads as dead.
+            if not await conn.fetchval(WORKER_LOCK_SQL, self.worker_id):
+                raise ConfigError(f"worker id {self.worker_id!r} is in use by a live process")
+            await conn.execute(WORKER_UPSERT_SQL, self.worker_id, *self._where, now)
+            if self._on_runnable is not None:
+                schema = await conn.fetchval("SELECT coalesce(current_schema(), 'public')")
+                await conn.add_listener(RUNNABLE_CHANNEL + schema, self._heard)
+        except BaseException:
+            conn.terminate()
+            raise
+        self._conn = conn
+
+    def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if self._on_runnable is not None:
+            self._on_runnable(payload)
+
+    async def beat(self, now: datetime) -> bool:
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            try:
+                if _rows_of(await conn.execute(WORKER_BEAT_SQL, self.worker_id, now)) == 0:
+                    await conn.execute(WORKER_UPSERT_SQL, self.worker_id, *self._where, now)
+                return True
+            except (*BROKEN, *_SERVER_DOWN):  # the session is gone: so is the lock
+                conn.terminate()
+        self._conn = None
+        await self.open(now)
+        if self._on_runnable is not None:
+            self._on_runnable(None)
+        return False
+
+    async def close(self, *, forget: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None or conn.is_closed():
+            return
+        try:
+            if forget:  # the row first, then the lock
+                await conn.execute(WORKER_LEAVE_SQL, self.worker_id)
+                await conn.fetchval(WORKER_UNLOCK_SQL, self.worker_id)
+            await conn.close(timeout=5)
+        except BaseException:
+            conn.terminate()
+            raise
 
 
 class PostgresStore(Store):
@@ -230,6 +390,8 @@ class PostgresStore(Store):
         # Reads share this pool with the writes (they had a pool of their own): room
         # for both, so an ack's reads do not queue behind the runners' appends.
         self._pool = Connections(dsn, pool_size + max(5, pool_size // 4), settings)
+        self._dsn, self._settings = dsn, settings
+        self._presences: dict[str, _Presence] = {}  # worker id -> its proof of life
 
     async def _run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         with self._mapped():
@@ -255,6 +417,10 @@ class PostgresStore(Store):
         await self._run(lambda conn: conn.fetchval("SELECT 1"))
 
     async def close(self) -> None:
+        presences, self._presences = list(self._presences.values()), {}
+        for presence in presences:  # the session goes, and with it the lock
+            with contextlib.suppress(Exception):
+                await presence.close(forget=False)
         await self._pool.close()
         await self.engine.dispose()
 
@@ -332,7 +498,7 @@ class PostgresStore(Store):
             return "moved"
         assert found is not None
         if found["seq"] is not None:
-            return Duplicate({k: found[k] for k in found.keys() if k != "moved"})
+            return Duplicate({k: found[k] for k in found.keys() if k not in ("moved", "woke")})
         return "written" if found["moved"] == 1 else "moved"
 
     # --- timers and leases -------------------------------------------------------------
@@ -340,8 +506,11 @@ class PostgresStore(Store):
     async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
         return await self._execute(WAKE_SQL, thread_id, expected_seq, wake_at) == 1
 
-    async def _acquire(self, thread_id: str, owner: str, until: datetime, now: datetime) -> bool:
-        return await self._execute(ACQUIRE_SQL, thread_id, owner, until, now) == 1
+    async def _acquire(
+        self, thread_id: str, owner: str, until: datetime, now: datetime
+    ) -> Previous | None:
+        found = await self._run(lambda c: c.fetchrow(ACQUIRE_SQL, thread_id, owner, until, now))
+        return None if found is None else (found["was_owner"], found["was_until"])
 
     async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool:
         return await self._execute(RENEW_SQL, thread_id, owner, until) == 1
@@ -352,3 +521,112 @@ class PostgresStore(Store):
     async def _due(self, now: datetime, limit: int) -> list[str]:
         rows = await self._fetch(DUE_SQL, now, list(TIMED_STATUSES), limit)
         return [r["id"] for r in rows]
+
+    async def _claim(
+        self, owner: str, until: datetime, now: datetime, limit: int, skip: list[str]
+    ) -> list[tuple[str, Previous]]:
+        args = (now, list(TIMED_STATUSES), limit, owner, until, skip)
+        rows = await self._fetch(CLAIM_SQL, *args)
+        return [(r["id"], (r["was_owner"], r["was_until"])) for r in rows]
+
+    # --- workers -----------------------------------------------------------------------
+
+    async def register_worker(
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        now: datetime,
+        on_runnable: OnRunnable | None = None,
+    ) -> None:
+        presence = _Presence(self._connect, worker_id, (host, pid), on_runnable)
+        with self._mapped():
+            await presence.open(now)
+        self._presences[worker_id] = presence
+        await self._execute(WORKER_PRUNE_SQL, worker_id)
+
+    async def beat_worker(self, worker_id: str, now: datetime) -> bool:
+        presence = self._presences.get(worker_id)
+        if presence is None:
+            raise ValueError(f"worker {worker_id!r} is not registered here")  # a bug
+        with self._mapped():
+            return await presence.beat(now)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        presence = self._presences.pop(worker_id, None)
+        if presence is not None:
+            with self._mapped():
+                await presence.close(forget=True)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo(**dict(row)) for row in await self._fetch(WORKERS_SQL)]
+
+    async def _connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(self._dsn, server_settings=self._settings, timeout=10)
+
+    # --- housekeeping: archive and sizes -----------------------------------------------
+
+    # $1 statuses, $2 updated before, $3 now (leases), then the rest.
+    _ENDED_WHERE = """
+    status = ANY($1::text[]) AND updated_at < $2
+      AND (lease_owner IS NULL OR lease_expires_at < $3)
+    """
+    ENDED_SQL = f"""
+    SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > $4 ORDER BY id LIMIT $5
+    """
+    # One statement, so one transaction: the row goes only if it still matches (an append
+    # that moved it first makes the guarded DELETE match nothing, so nothing else goes;
+    # one that comes after finds no row). Its children go in the same statement, which
+    # the foreign keys (NO ACTION: checked at the statement's end) allow.
+    DELETE_THREAD_SQL = f"""
+    WITH gone AS (
+        DELETE FROM threads WHERE {_ENDED_WHERE} AND id = $4 AND last_seq = $5 RETURNING id
+    ), events_gone AS (
+        DELETE FROM events WHERE thread_id IN (SELECT id FROM gone)
+    ), snapshot_gone AS (
+        DELETE FROM snapshots WHERE thread_id IN (SELECT id FROM gone)
+    )
+    SELECT count(*) FROM gone
+    """
+    # $1 thread ids (NULL: every thread). Bytes: the payload's octets.
+    SIZES_SQL = """
+    SELECT thread_id, count(*) AS events, coalesce(sum(octet_length(payload)), 0) AS bytes
+    FROM events WHERE $1::text[] IS NULL OR thread_id = ANY($1::text[])
+    GROUP BY thread_id
+    """
+
+    async def _ended(
+        self, statuses: list[str], before: datetime, now: datetime, after: str, limit: int
+    ) -> list[Row]:
+        return await self._fetch(self.ENDED_SQL, statuses, before, now, after, limit)
+
+    async def _delete_thread(
+        self, thread_id: str, last_seq: int, statuses: list[str], before: datetime, now: datetime
+    ) -> bool:
+        args = (statuses, before, now, thread_id, last_seq)
+        gone = await self._run(lambda conn: conn.fetchval(self.DELETE_THREAD_SQL, *args))
+        return bool(gone)
+
+    async def _sizes(self, thread_ids: list[str] | None) -> list[Row]:
+        return await self._fetch(self.SIZES_SQL, thread_ids)
+
+    # --- metrics -------------------------------------------------------------------------
+
+    STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
+    # When each awaiting thread's latest card was asked, the oldest of those.
+    OLDEST_APPROVAL_SQL = """
+    SELECT min(asked) FROM (
+        SELECT max(e.created_at) AS asked FROM threads t
+        JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
+        WHERE t.status = 'awaiting_approval' GROUP BY t.id
+    ) AS pending
+    """
+
+    async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
+        async def read(conn: asyncpg.Connection) -> tuple[dict[str, int], datetime | None]:
+            rows = await conn.fetch(self.STATUS_COUNTS_SQL)
+            oldest = await conn.fetchval(self.OLDEST_APPROVAL_SQL)
+            return {r["status"]: int(r["n"]) for r in rows}, oldest
+
+        return await self._run(read)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sqlite3
 import threading
 import uuid
@@ -33,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from engine.db import DatabaseConfig
+from engine.errors import ConfigError
 from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
@@ -41,11 +43,15 @@ from engine.store.base import (
     TIMED_STATUSES,
     Duplicate,
     Log,
+    OnRunnable,
     Outcome,
+    Previous,
     Row,
     Store,
+    WorkerInfo,
 )
-from engine.tables import EVENTS, SNAPSHOTS, THREADS
+from engine.store.locks import WorkerLocks, worker_of
+from engine.tables import EVENTS, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -68,6 +74,14 @@ INSERT INTO threads (id, team, channel, root_ts, status, last_seq, created_at, u
 VALUES (?, ?, ?, ?, 'new', 0, ?, ?)
 ON CONFLICT (team, channel, root_ts) DO NOTHING
 """
+# A new thread with its first events: the row goes in as they leave it, or not at all.
+CREATE_MOVED_SQL = """
+INSERT INTO threads
+    (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (team, channel, root_ts) DO NOTHING
+RETURNING id
+"""
 FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = ? AND channel = ? AND root_ts = ?"
 THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = ?"
 THREADS_AT_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE channel = ? AND root_ts = ?"
@@ -85,21 +99,64 @@ EXISTS_SQL = "SELECT 1 FROM threads WHERE id = ?"
 DEDUPE_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = ? AND dedupe_key = ?"
 # Arguments in one order for all four: (id, owner or expected_seq, until, now).
 WAKE_SQL = "UPDATE threads SET wake_at = ?3 WHERE id = ?1 AND last_seq = ?2"
+# ?5: an owner found provably dead (engine.store.locks), whose lease goes at once.
 ACQUIRE_SQL = """
 UPDATE threads SET lease_owner = ?2, lease_expires_at = ?3
-WHERE id = ?1 AND (lease_owner IS NULL OR lease_owner = ?2 OR lease_expires_at < ?4)
+WHERE id = ?1
+  AND (lease_owner IS NULL OR lease_owner = ?2 OR lease_expires_at < ?4 OR lease_owner = ?5)
 """
+LEASE_SQL = "SELECT lease_owner, lease_expires_at FROM threads WHERE id = ?"
 RENEW_SQL = "UPDATE threads SET lease_expires_at = ?3 WHERE id = ?1 AND lease_owner = ?2"
 RELEASE_SQL = """
 UPDATE threads SET lease_owner = NULL, lease_expires_at = NULL
 WHERE id = ?1 AND lease_owner = ?2
 """
-DUE_SQL = f"""
-SELECT id FROM threads
-WHERE (lease_owner IS NULL OR lease_expires_at < ?1)
-  AND (status = 'running'
-       OR (status IN ({", ".join(f"'{s}'" for s in TIMED_STATUSES)}) AND wake_at <= ?1))
-ORDER BY updated_at LIMIT ?2
+# A thread has work: it is running, or its timer is due at ?1.
+_HAS_WORK = f"""(status = 'running'
+       OR (status IN ({", ".join(f"'{s}'" for s in TIMED_STATUSES)}) AND wake_at <= ?1))"""
+# ?2: a JSON list of lease owners found provably dead (engine.store.locks).
+_DUE_WHERE = f"""(lease_owner IS NULL OR lease_expires_at < ?1
+       OR lease_owner IN (SELECT value FROM json_each(?2)))
+  AND {_HAS_WORK}"""
+# Owners of live leases on threads with work: the ones whose life is worth checking.
+HELD_SQL = f"""
+SELECT DISTINCT lease_owner FROM threads
+WHERE lease_owner IS NOT NULL AND lease_expires_at >= ?1 AND {_HAS_WORK}
+"""
+DUE_SQL = f"SELECT id FROM threads WHERE {_DUE_WHERE} ORDER BY updated_at LIMIT ?3"
+# The claim reads, then takes, in one write transaction (the only writer meanwhile):
+# ?4 a JSON list of ids to leave alone; then ?1 the claiming owner, ?2 its lease's end,
+# ?3 the JSON list of ids read.
+CLAIMABLE_SQL = f"""
+SELECT id, lease_owner, lease_expires_at FROM threads
+WHERE {_DUE_WHERE} AND id NOT IN (SELECT value FROM json_each(?4))
+ORDER BY updated_at LIMIT ?3
+"""
+CLAIM_SQL = """
+UPDATE threads SET lease_owner = ?1, lease_expires_at = ?2
+WHERE id IN (SELECT value FROM json_each(?3))
+"""
+WORKER_UPSERT_SQL = """
+INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES (?1, ?2, ?3, ?4, ?4)
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, heartbeat_at = excluded.heartbeat_at
+"""
+WORKER_BEAT_SQL = "UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1"
+WORKER_DELETE_SQL = "DELETE FROM workers WHERE id = ?"
+# A worker leaving forgets its row unless it still holds a lease (a run cut short): that
+# row, its lock given up, then proves the lease's owner dead to whoever looks next.
+WORKER_LEAVE_SQL = """
+DELETE FROM workers WHERE id = ?1 AND NOT EXISTS (
+    SELECT 1 FROM threads
+    WHERE lease_owner = ?1 OR substr(lease_owner, 1, length(?1) + 1) = ?1 || '/')
+"""
+WORKERS_SQL = "SELECT id, host, pid, started_at, heartbeat_at FROM workers ORDER BY started_at"
+# Other workers that hold no lease: forgotten once proven dead.
+LEASELESS_WORKERS_SQL = """
+SELECT id FROM workers WHERE id <> ?1 AND NOT EXISTS (
+    SELECT 1 FROM threads
+    WHERE lease_owner = workers.id
+       OR substr(lease_owner, 1, length(workers.id) + 1) = workers.id || '/')
 """
 READERS = 2
 
@@ -227,8 +284,13 @@ class Database:
             except BaseException as exc:
                 # One bad append must not fail the others: each alone, in its own.
                 outcomes = [exc] if len(batch) == 1 else [self._alone(a) for a in batch]
+            # One wake-up per event loop for the whole batch, not one per append: each
+            # is a write to the loop's self-pipe and a hand-over of the interpreter.
+            answers: dict[asyncio.AbstractEventLoop, list[_Answer]] = {}
             for item, outcome in zip(batch, outcomes, strict=True):
-                item.future.get_loop().call_soon_threadsafe(_settle, item.future, outcome)
+                answers.setdefault(item.future.get_loop(), []).append((item.future, outcome))
+            for loop, settled in answers.items():
+                loop.call_soon_threadsafe(_settle_all, settled)
 
     def _alone(self, item: _Append) -> Outcome | BaseException:
         try:
@@ -253,11 +315,18 @@ def _apply(conn: sqlite3.Connection, item: _Append) -> Outcome:
     an append that cannot go in leaves nothing behind (no statement fails half-way:
     this connection is the only writer while the transaction lasts)."""
     if item.create is not None:
+        # Two statements, not five (insert, find, dedupe, move): each is a hand-over of
+        # the interpreter, and a busy process makes every hand-over wait. A new thread
+        # has no input to find again, and its row can hold its state from the start.
         team, channel, root_ts, when = item.create
-        conn.execute(CREATE_THREAD_SQL, (item.thread_id, team, channel, root_ts, when, when))
-        found = conn.execute(FIND_THREAD_SQL, (team, channel, root_ts)).fetchone()
-        if found[0] != item.thread_id:
-            return "moved"
+        last_seq, status, wake_at, requester = item.moved[:4]
+        created = (item.thread_id, team, channel, root_ts, status, last_seq, wake_at, requester)
+        if conn.execute(CREATE_MOVED_SQL, (*created, when, when)).fetchone() is None:
+            return "moved"  # the thread is there already: the core reads it
+        conn.executemany(INSERT_SQL, item.events)
+        if item.snapshot is not None:
+            conn.execute(SNAPSHOT_UPSERT_SQL, item.snapshot)
+        return "written"
     for key in item.keys:
         if (stored := conn.execute(DEDUPE_SQL, (item.thread_id, key)).fetchone()) is not None:
             return Duplicate(stored)
@@ -273,13 +342,17 @@ def _apply_all(conn: sqlite3.Connection, batch: list[_Append]) -> list[Outcome]:
     return [_apply(conn, item) for item in batch]
 
 
-def _settle(future: asyncio.Future[Outcome], outcome: Outcome | BaseException) -> None:
-    if future.done():  # the caller was cancelled; the outcome stands in the database
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
+_Answer = tuple[asyncio.Future[Outcome], Outcome | BaseException]
+
+
+def _settle_all(answers: list[_Answer]) -> None:
+    for future, outcome in answers:
+        if future.done():  # the caller was cancelled; the outcome stands in the database
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 # One Database per file in a process: the serving loop's store and the worker's would
@@ -318,6 +391,10 @@ class SqliteStore(Store):
     def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
         super().__init__(engine, config)
         self._db: Database | None = shared_database(config.url.database or ":memory:")
+        # Proof of life of the workers on this file; none for an in-memory database
+        # (one process: its leases simply expire).
+        path = config.url.database or ":memory:"
+        self._locks = None if path == ":memory:" else WorkerLocks(os.path.abspath(path))
 
     def _database(self) -> Database:
         if self._db is None:
@@ -347,7 +424,7 @@ class SqliteStore(Store):
         dialect = sqlite.dialect()
         statements = [
             str(cast(Any, ddl).compile(dialect=dialect)).strip()
-            for table in (THREADS, EVENTS, SNAPSHOTS)
+            for table in (THREADS, EVENTS, SNAPSHOTS, WORKERS)
             for ddl in (
                 CreateTable(table, if_not_exists=True),
                 *(CreateIndex(index, if_not_exists=True) for index in table.indexes),
@@ -371,6 +448,8 @@ class SqliteStore(Store):
         await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
+        if self._locks is not None:
+            self._locks.close()  # the kernel would drop them at exit anyway
         db, self._db = self._db, None
         if db is not None:
             await release(db)
@@ -479,8 +558,27 @@ class SqliteStore(Store):
     async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
         return await self._execute(WAKE_SQL, thread_id, expected_seq, wake_at) == 1
 
-    async def _acquire(self, thread_id: str, owner: str, until: datetime, now: datetime) -> bool:
-        return await self._execute(ACQUIRE_SQL, thread_id, owner, until, now) == 1
+    async def _acquire(
+        self, thread_id: str, owner: str, until: datetime, now: datetime
+    ) -> Previous | None:
+        params = (thread_id, owner, sql_time(until), sql_time(now))
+        locks = self._locks
+
+        def body(conn: sqlite3.Connection) -> Previous | None:
+            found = conn.execute(LEASE_SQL, (thread_id,)).fetchone()
+            if found is None:
+                return None
+            previous: Previous = (found[0], found[1])
+            if conn.execute(ACQUIRE_SQL, (*params, None)).rowcount == 1:
+                return previous
+            held_by = found[0]
+            if held_by is None or locks is None or not locks.dead(worker_of(held_by)):
+                return None
+            # Its owner's process is gone (the kernel dropped its lock): take it now.
+            taken = conn.execute(ACQUIRE_SQL, (*params, held_by)).rowcount == 1
+            return previous if taken else None
+
+        return await self._write(body)
 
     async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool:
         return await self._execute(RENEW_SQL, thread_id, owner, until) == 1
@@ -488,6 +586,151 @@ class SqliteStore(Store):
     async def release_lease(self, thread_id: str, owner: str) -> None:
         await self._execute(RELEASE_SQL, thread_id, owner)
 
+    def _dead_owners(self, conn: sqlite3.Connection, when: str | None) -> str:
+        """The owners of live leases on threads with work whose process is gone, as
+        the JSON list the due statements take."""
+        locks = self._locks
+        if locks is None:
+            return "[]"
+        held = [row[0] for row in conn.execute(HELD_SQL, (when,)).fetchall()]
+        return json.dumps([owner for owner in held if locks.dead(worker_of(owner))])
+
     async def _due(self, now: datetime, limit: int) -> list[str]:
-        rows = await self._fetch(DUE_SQL, sql_time(now), limit)
-        return [r["id"] for r in rows]
+        when = sql_time(now)
+
+        def read(conn: sqlite3.Connection) -> list[str]:
+            dead = self._dead_owners(conn, when)
+            return [row[0] for row in conn.execute(DUE_SQL, (when, dead, limit)).fetchall()]
+
+        return await self._read(read)
+
+    async def _claim(
+        self, owner: str, until: datetime, now: datetime, limit: int, skip: list[str]
+    ) -> list[tuple[str, Previous]]:
+        when, end, left = sql_time(now), sql_time(until), json.dumps(skip)
+
+        def body(conn: sqlite3.Connection) -> list[tuple[str, Previous]]:
+            dead = self._dead_owners(conn, when)
+            rows = conn.execute(CLAIMABLE_SQL, (when, dead, limit, left)).fetchall()
+            ids = json.dumps([row[0] for row in rows])
+            conn.execute(CLAIM_SQL, (owner, end, ids))
+            return [(row[0], (row[1], row[2])) for row in rows]
+
+        return await self._write(body)
+
+    # --- workers -----------------------------------------------------------------------
+
+    async def register_worker(
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        now: datetime,
+        on_runnable: OnRunnable | None = None,
+    ) -> None:
+        # The lock first, then the row: a row without its lock held reads as dead.
+        locks = self._locks
+        if locks is not None and not locks.hold(worker_id):
+            raise ConfigError(f"worker id {worker_id!r} is in use by a live process")
+        when = sql_time(now)
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(WORKER_UPSERT_SQL, (worker_id, host, pid, when))
+            if locks is None:
+                return
+            for (other,) in conn.execute(LEASELESS_WORKERS_SQL, (worker_id,)).fetchall():
+                if locks.dead(other, remove=True):
+                    conn.execute(WORKER_DELETE_SQL, (other,))
+
+        await self._write(body)
+
+    async def beat_worker(self, worker_id: str, now: datetime) -> bool:
+        # The lock is a descriptor of this process: it cannot be lost while we live.
+        if await self._execute(WORKER_BEAT_SQL, worker_id, now) == 1:
+            return True
+        await self._execute(WORKER_UPSERT_SQL, worker_id, socket.gethostname(), os.getpid(), now)
+        return True
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        forgotten = await self._execute(WORKER_LEAVE_SQL, worker_id) == 1
+        if self._locks is not None:  # a row that stays keeps its file: it reads dead
+            self._locks.drop(worker_id, remove=forgotten)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        rows = await self._fetch(WORKERS_SQL)
+        locks = self._locks
+        return [
+            WorkerInfo(
+                **dict(row),
+                alive=locks is None or not locks.dead(row["id"]),
+            )
+            for row in rows
+        ]
+
+    # --- housekeeping: archive and sizes -----------------------------------------------
+
+    # ?1 a JSON list of statuses, ?2 updated before, ?3 now (leases), then the rest.
+    _ENDED_WHERE = """
+    status IN (SELECT value FROM json_each(?1)) AND updated_at < ?2
+      AND (lease_owner IS NULL OR lease_expires_at < ?3)
+    """
+    ENDED_SQL = f"""
+    SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > ?4 ORDER BY id LIMIT ?5
+    """
+    STILL_ENDED_SQL = f"SELECT 1 FROM threads WHERE {_ENDED_WHERE} AND id = ?4 AND last_seq = ?5"
+    DELETE_EVENTS_SQL = "DELETE FROM events WHERE thread_id = ?"
+    DELETE_SNAPSHOT_SQL = "DELETE FROM snapshots WHERE thread_id = ?"
+    DELETE_THREAD_SQL = "DELETE FROM threads WHERE id = ?"
+    # ?1 a JSON list of thread ids (NULL: every thread). Bytes: the payload's UTF-8 octets.
+    SIZES_SQL = """
+    SELECT thread_id, count(*) AS events, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes
+    FROM events WHERE ?1 IS NULL OR thread_id IN (SELECT value FROM json_each(?1))
+    GROUP BY thread_id
+    """
+
+    async def _ended(
+        self, statuses: list[str], before: datetime, now: datetime, after: str, limit: int
+    ) -> list[Row]:
+        args = (json.dumps(statuses), sql_time(before), sql_time(now), after, limit)
+        return await self._fetch(self.ENDED_SQL, *args)
+
+    async def _delete_thread(
+        self, thread_id: str, last_seq: int, statuses: list[str], before: datetime, now: datetime
+    ) -> bool:
+        guard = (json.dumps(statuses), sql_time(before), sql_time(now), thread_id, last_seq)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            # The check and the deletes share the write lock: no append slips between.
+            if conn.execute(self.STILL_ENDED_SQL, guard).fetchone() is None:
+                return False
+            for sql in (self.DELETE_EVENTS_SQL, self.DELETE_SNAPSHOT_SQL, self.DELETE_THREAD_SQL):
+                conn.execute(sql, (thread_id,))  # children first: foreign keys are on
+            return True
+
+        return await self._write(body)
+
+    async def _sizes(self, thread_ids: list[str] | None) -> list[Row]:
+        wanted = None if thread_ids is None else json.dumps(thread_ids)
+        return await self._fetch(self.SIZES_SQL, wanted)
+
+    # --- metrics -------------------------------------------------------------------------
+
+    STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
+    # When each awaiting thread's latest card was asked, the oldest of those (text: an
+    # aggregate has no declared type, so the DATETIME converter does not see it).
+    OLDEST_APPROVAL_SQL = """
+    SELECT min(asked) FROM (
+        SELECT max(e.created_at) AS asked FROM threads t
+        JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
+        WHERE t.status = 'awaiting_approval' GROUP BY t.id
+    )
+    """
+
+    async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
+        def read(conn: sqlite3.Connection) -> tuple[dict[str, int], datetime | None]:
+            counts = {r["status"]: int(r["n"]) for r in conn.execute(self.STATUS_COUNTS_SQL)}
+            oldest = conn.execute(self.OLDEST_APPROVAL_SQL).fetchone()[0]
+            return counts, _read_time(oldest.encode()) if oldest else None
+
+        return await self._read(read)

@@ -107,3 +107,19 @@ async def test_two_processes_migrating_at_once_both_end_at_the_head(db_url: str)
     results = await asyncio.gather(migrate(db_url), migrate(db_url))
     assert {after.revision for _, after in results} == {HEAD}
     assert await _schema_diff(db_url) == []
+
+
+async def test_the_workers_revision_upgrades_a_database_a_newer_store_already_opened(
+    db_url: str,
+) -> None:
+    """0002 -> 0003 adds ``workers``; a command of this release that opened the 0002
+    database first (creating the table) does not make the migration fail."""
+    await migrate(db_url, "0002")
+    store = await Store.open(db_url)  # not serve: no schema check, creates what is missing
+    await store.close()
+    assert (await inspect_schema(db_url)).revision == "0002"
+    with pytest.raises(SchemaMismatch, match="older"):
+        await prepare(db_url, auto_migrate=False)
+    before, after = await migrate(db_url)
+    assert (before.revision, after.revision) == ("0002", HEAD)
+    assert await _schema_diff(db_url) == []

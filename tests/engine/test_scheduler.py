@@ -9,7 +9,7 @@ from collections import Counter
 from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
-from engine.scheduler import Dispatcher, Worker
+from engine.scheduler import Dispatcher, Scheduler, Worker
 from engine.store import Store, ThreadKey
 from tests.support import crash_child
 from tests.support.demo_tools import make_tools
@@ -106,3 +106,36 @@ async def test_a_thread_whose_run_keeps_failing_is_retried_with_growing_pauses()
     assert calls == ["t1"]
     assert dispatcher.cooling("t1")
     assert not dispatcher.cooling("t2")
+
+
+async def test_a_sweep_claims_only_what_it_can_start_and_leaves_the_rest_to_others(store):
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def run(thread_id: str) -> None:
+        started.append(thread_id)
+        await release.wait()
+
+    threads = [
+        (
+            await post_user_message(
+                store, ThreadKey("T", "C", f"{i}.0"), text="hi", user="U1", dedupe_key=f"e{i}"
+            )
+        ).thread_id
+        for i in range(5)
+    ]
+    dispatcher = Dispatcher(run, max_concurrency=2)
+    scheduler = Scheduler(store, dispatcher, owner="w1", lease_ttl=60)
+    try:
+        claimed = await scheduler.sweep()
+        assert len(claimed) == 2 and set(claimed) <= set(threads)
+        for thread_id in claimed:
+            assert (await store.get_thread(thread_id)).lease_owner == "w1"
+        # Full: nothing more is claimed; another replica finds the other three.
+        assert await scheduler.sweep() == []
+        others = await store.claim_due("w2", 60)
+        assert sorted(others) == sorted(set(threads) - set(claimed))
+    finally:
+        release.set()
+        await dispatcher.close()
+    assert sorted(started) == sorted(claimed)

@@ -21,6 +21,7 @@ from engine.errors import (
     ThreadNotFound,
 )
 from engine.inputs import post_user_message
+from engine.metrics import REGISTRY
 from engine.state import ThreadState, reduce
 from engine.store import SNAPSHOT_EVERY, Store, ThreadKey
 from engine.tables import SNAPSHOTS
@@ -316,7 +317,9 @@ async def test_leases(store: Store) -> None:
     assert await store.renew_lease(tid, "w1", 60, now=NOW + timedelta(seconds=20))
     assert not await store.acquire_lease(tid, "w2", 30, now=NOW + timedelta(seconds=79))
     # Expired: another owner takes it, and the old owner can no longer renew or release it.
+    expired = takeovers("expired")
     assert await store.acquire_lease(tid, "w2", 30, now=NOW + timedelta(seconds=81))
+    assert takeovers("expired") == expired + 1
     assert not await store.renew_lease(tid, "w1", 30, now=NOW + timedelta(seconds=82))
     await store.release_lease(tid, "w1")
     assert (await store.get_thread(tid)).lease_owner == "w2"
@@ -359,6 +362,104 @@ async def test_due_threads(store: Store) -> None:
     assert len(await store.due_threads(now=NOW, limit=2)) == 2
     # An hour earlier no timer had fired and both leases were live: only the free runner.
     assert await store.due_threads(now=NOW - timedelta(hours=1)) == [t["running"]]
+
+
+def takeovers(reason: str) -> float:
+    return REGISTRY.get_sample_value("opsloop_lease_takeovers_total", {"reason": reason}) or 0.0
+
+
+async def register(store: Store, worker_id: str, **kw: object) -> None:
+    await store.register_worker(worker_id, host="h", pid=1, now=NOW, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_lease_whose_owner_is_provably_dead_is_taken_at_once(db_url: str) -> None:
+    """A worker whose lock was given up (as the OS or the server does when its process
+    dies) loses its leases at once; a live one, or an owner that never registered,
+    keeps them until they expire."""
+    dying = await Store.open(db_url)
+    async with more_stores(db_url, 1) as (live,):
+        try:
+            await register(dying, "host:1:aa")
+            await register(live, "host:2:bb")
+            mine = await thread_with(live, [user()], "1")
+            runner_held = await thread_with(live, [user()], "2")
+            delivery_held = await thread_with(live, [user()], "3")
+            ghost_held = await thread_with(live, [user()], "4")
+            assert await dying.acquire_lease(runner_held, "host:1:aa", 60, now=NOW)
+            assert await dying.acquire_lease(delivery_held, "host:1:aa/delivery", 60, now=NOW)
+            assert await live.acquire_lease(ghost_held, "ghost", 60, now=NOW)
+            assert await live.acquire_lease(mine, "host:2:bb", 60, now=NOW)
+
+            # Alive: nothing is taken before expiry, nothing is due.
+            assert not await live.acquire_lease(runner_held, "host:2:bb", 60, now=NOW)
+            assert await live.due_threads(now=NOW) == []
+            assert {w.id: w.alive for w in await live.list_workers()} == {
+                "host:1:aa": True,
+                "host:2:bb": True,
+            }
+        finally:
+            await dying.close()  # its proof of life goes; its row stays
+
+        assert {w.id: w.alive for w in await live.list_workers()} == {
+            "host:1:aa": False,
+            "host:2:bb": True,
+        }
+        due = await live.due_threads(now=NOW)
+        assert sorted(due) == sorted([runner_held, delivery_held])
+        before = takeovers("dead_owner")
+        assert await live.acquire_lease(runner_held, "host:2:bb", 60, now=NOW)
+        assert await live.claim_due("host:2:bb", 60, now=NOW) == [delivery_held]
+        assert takeovers("dead_owner") == before + 2
+        assert not await live.acquire_lease(ghost_held, "host:2:bb", 60, now=NOW)
+        assert not await live.acquire_lease(mine, "other", 60, now=NOW)  # ours, and alive
+
+        # A worker that registers later forgets dead workers that hold no lease.
+        await live.release_lease(runner_held, "host:2:bb")
+        await register(live, "host:3:cc")
+        assert {w.id for w in await live.list_workers()} == {"host:2:bb", "host:3:cc"}
+        with pytest.raises(Exception, match="in use by a live process"):
+            async with more_stores(db_url, 1) as (third,):
+                await register(third, "host:2:bb")
+
+
+async def test_a_worker_leaving_gives_up_its_leases_at_once(store: Store, db_url: str) -> None:
+    async with more_stores(db_url, 2) as (leaving, other):
+        await register(leaving, "host:1:aa")
+        await register(other, "host:2:bb")
+        tid = await thread_with(other, [user()], "1")
+        assert await other.beat_worker("host:2:bb", NOW + timedelta(seconds=5))
+        beats = {w.id: (w.started_at, w.heartbeat_at) for w in await other.list_workers()}
+        assert beats["host:2:bb"] == (NOW, NOW + timedelta(seconds=5))
+        assert await leaving.acquire_lease(tid, "host:1:aa", 60, now=NOW)
+        await leaving.unregister_worker("host:1:aa")
+        # A lease still held (a run cut short) keeps the row, so its owner reads dead.
+        assert {w.id: w.alive for w in await other.list_workers()}["host:1:aa"] is False
+        assert await other.acquire_lease(tid, "host:2:bb", 60, now=NOW)
+        await other.release_lease(tid, "host:2:bb")
+        await other.unregister_worker("host:2:bb")
+        assert [w.id for w in await other.list_workers()] == ["host:1:aa"]
+
+
+async def test_sweeping_replicas_claim_each_due_thread_once(store: Store, db_url: str) -> None:
+    async with more_stores(db_url, 3) as stores:
+        tids = [await thread_with(stores[0], [user()], str(i)) for i in range(30)]
+        cooling = tids[0]
+        claims = await asyncio.gather(
+            *(
+                s.claim_due(f"w{i}", 60, now=NOW, limit=10, skip=[cooling])
+                for i, s in enumerate(stores)
+                for _ in range(2)
+            )
+        )
+        claimed = [tid for batch in claims for tid in batch]
+        assert sorted(claimed) == sorted(tids[1:])  # each once, the skipped one never
+        for tid in tids[1:4]:
+            owner = (await stores[0].get_thread(tid)).lease_owner
+            assert owner is not None
+            assert not await stores[0].acquire_lease(tid, "intruder", 60, now=NOW)
+            assert await stores[0].acquire_lease(tid, owner, 60, now=NOW)  # re-entrant
+        assert await stores[0].claim_due("w9", 60, now=NOW) == [cooling]
+        assert await stores[0].claim_due("w9", 60, now=NOW) == []  # its own, live
 
 
 async def test_set_wake_at_is_guarded_by_last_seq(store: Store) -> None:
