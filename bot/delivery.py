@@ -45,9 +45,11 @@ from bot.outbox import (
     shown_event,
     shown_upto,
 )
+from bot.slack_metrics import instrument
 from engine import events as ev
 from engine import faults
 from engine.leases import Lease
+from engine.logs import bind
 from engine.retrying import retrying
 from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadInfo
@@ -93,7 +95,8 @@ class Delivery:
         clock: Callable[[], datetime] = ev.utcnow,
     ) -> None:
         self.store = store
-        self.client = client
+        # Every call of this client (and of the copy below) is counted for GET /metrics.
+        self.client = instrument(client)
         # slack_sdk re-sends a post after a connection error: a second message if the
         # first landed. Posts use a copy without that retry; we look in Slack instead.
         self._post_client = copy.copy(client)
@@ -125,6 +128,10 @@ class Delivery:
         shown when done. A Slack error stops the pass where it happened (logged;
         retried later).
         """
+        with bind(thread_id=thread_id):
+            return await self._deliver(thread_id)
+
+    async def _deliver(self, thread_id: str) -> int:
         async with self._exclusive(thread_id):
             events = await self.store.select_events(thread_id)
             if not self._pending(events):
@@ -386,6 +393,10 @@ class _Pass:
         self.d._note_looked(self.thread_id)
 
     async def _show(self, item: Outbound) -> None:
+        with bind(thread_id=self.thread_id, event_id=item.event.event_id):
+            await self._show_now(item)
+
+    async def _show_now(self, item: Outbound) -> None:
         if self.lease is not None and self.lease.lost.is_set():
             raise _Stop("lease lost")
         event_id = item.event.event_id

@@ -17,12 +17,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.db import DEFAULT_DATABASE_URL, parse_database_url
 from engine.errors import ConfigError
+from engine.logs import LOG_FORMATS, LogFormat
 from engine.policy import ApproverPolicy
 
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
@@ -98,6 +99,7 @@ class Settings:
     host: str | None = None  # None: the command's default (serve 0.0.0.0, local 127.0.0.1)
     port: int = DEFAULT_PORT
     local_state: str | None = None
+    log_format: LogFormat = "logfmt"  # OPSLOOP_LOG_FORMAT: logfmt lines, or JSON lines
 
     @property
     def tools(self) -> str | None:
@@ -152,6 +154,7 @@ class _Environment(BaseModel):
     host: str | None = Field(None, alias="OPSLOOP_HOST")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, alias="PORT")
     local_state: str | None = Field(None, alias="OPSLOOP_LOCAL_STATE")
+    log_format: str = Field("logfmt", alias="OPSLOOP_LOG_FORMAT")
 
     @field_validator("approvers")
     @classmethod
@@ -172,6 +175,14 @@ class _Environment(BaseModel):
         if flag not in _TRUE + _FALSE:
             raise ValueError(f"must be true or false, not {raw!r}")
         return flag
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, raw: str) -> str:
+        fmt = raw.strip().lower()
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"must be {' or '.join(LOG_FORMATS)}, not {raw!r}")
+        return fmt
 
     @field_validator("database_url")
     @classmethod
@@ -280,6 +291,7 @@ def _settings(raw: _Environment) -> Settings:
         host=raw.host,
         port=raw.port,
         local_state=raw.local_state,
+        log_format=cast(LogFormat, raw.log_format),
     )
 
 

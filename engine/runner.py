@@ -22,7 +22,8 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -30,10 +31,12 @@ from typing import Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from engine import events as ev
+from engine import metrics
 from engine.config import RunnerConfig
 from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.leases import Lease
+from engine.logs import bind
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import Verdict, arguments_hash, classify
 from engine.retrying import retrying
@@ -100,8 +103,12 @@ class Runner:
         owner: str | None = None,
         front_door: FrontDoor | None = None,
         policy: PolicySet | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        # Awaited before each step: lets the front door hold background work back while
+        # it has answers to give (they have a deadline; steps do not).
+        self.pace = pace
         self.model = model
         self.tools = tools
         self.config = config or RunnerConfig()
@@ -118,11 +125,12 @@ class Runner:
     async def run(self, thread_id: str) -> ThreadState | None:
         """Run the thread until it rests; None if another worker holds it."""
         ttl = self.config.lease_ttl_s
-        lease = await Lease.take(self.store, thread_id, self.owner, ttl, clock=self.clock)
-        if lease is None:
-            return None
-        async with lease:
-            return await _Turn(self, thread_id, lease.lost).run()
+        with bind(thread_id=thread_id):  # every log line of this run names the thread
+            lease = await Lease.take(self.store, thread_id, self.owner, ttl, clock=self.clock)
+            if lease is None:
+                return None
+            async with lease:
+                return await _Turn(self, thread_id, lease.lost).run()
 
 
 class _Turn:
@@ -151,6 +159,9 @@ class _Turn:
             action = next_action(self.state, self.r.clock())
             if action == "none" or self.lost.is_set():
                 return
+            if self.r.pace is not None:
+                await self.r.pace()
+            metrics.STEPS.labels(action=action).inc()
             try:
                 if action == "ask_model":
                     await self._ask_model()
@@ -173,6 +184,7 @@ class _Turn:
 
     async def _start(self) -> None:
         self.state, events = await self.r.store.load_for_projection(self.thread_id)
+        _observe_wake_lag(self.state, self.r.clock())
         self.projector = projector_for(self.state, events, self.r.tools, self.r.policy)
         if self.r.policy is not None:
             self.channel = (await self.r.store.get_thread(self.thread_id)).channel
@@ -229,11 +241,18 @@ class _Turn:
         if prompt.estimated_tokens > cfg.context_budget_tokens:
             prompt = await self._compact(prompt)
         prompt = replace(prompt, turn=self.state.decisions)
+        model = self.r.model.name
+        started = time.monotonic()
         try:
             decision = await self.r.model.next_step(prompt)
         except ModelError as exc:
+            metrics.MODEL_SECONDS.labels(model=model).observe(time.monotonic() - started)
+            metrics.MODEL_CALLS.labels(model=model, outcome="error").inc()
             await self._model_failed(exc)
             return
+        metrics.MODEL_SECONDS.labels(model=model).observe(time.monotonic() - started)
+        metrics.MODEL_CALLS.labels(model=model, outcome="ok").inc()
+        _count_tokens(model, decision)
         await self._decide(decision, prompt)
 
     async def _compact(self, prompt: Prompt) -> Prompt:
@@ -393,6 +412,10 @@ class _Turn:
         """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
         if self.lost.is_set():
             return  # the new owner re-runs this attempt's successor with the same key
+        with bind(tool_call_id=call.tool_call_id):
+            await self._invoke_bound(call)
+
+    async def _invoke_bound(self, call: PendingCall) -> None:
         await self._show()
         tool = self.r.tools.get(call.intent)
         ctx = ToolContext(
@@ -414,6 +437,7 @@ class _Turn:
                     "it was not run"
                 )
             args = tool.parse_arguments(call.arguments)
+            started = time.monotonic()
             try:
                 async with asyncio.timeout(self.r.config.tool_timeout_s):
                     output = await tool.run(args, ctx)
@@ -423,6 +447,8 @@ class _Turn:
                     f"{call.intent} did not finish within {self.r.config.tool_timeout_s:g} s; "
                     "whether it took effect is unknown"
                 ) from None
+            finally:
+                metrics.TOOL_SECONDS.labels(tool=call.intent).observe(time.monotonic() - started)
         except OutcomeUnknown as exc:
             outcome = self._unknown(call, exc)
         except RetryableToolError as exc:
@@ -456,6 +482,7 @@ class _Turn:
             )
         else:
             outcome = self._observed(call, output)
+        metrics.TOOL_CALLS.labels(tool=call.intent, outcome=_tool_outcome(outcome)).inc()
         await self._record(call, outcome)
 
     def _unknown(self, call: PendingCall, exc: OutcomeUnknown) -> ev.Event:
@@ -587,6 +614,41 @@ class _Turn:
         wake = min(wait.timeout_at, self.r.clock() + timedelta(seconds=max(every, 0.05)))
         await self.r.store.set_wake_at(self.thread_id, self.state.last_seq, wake)
         return False
+
+
+def _observe_wake_lag(state: ThreadState, now: datetime) -> None:
+    """How late a run starts after the time it was due: a retry, an approval's expiry,
+    a job's timeout (a job's polls move ``wake_at`` in the thread row only: not here)."""
+    due = state.wake_at
+    if due is None or due > now:
+        return
+    if state.status == "awaiting_job" and state.pending and state.pending.wait:
+        if state.pending.wait.timeout_at > now:
+            return
+    metrics.WAKE_LAG.observe((now - due).total_seconds())
+
+
+def _count_tokens(model: str, decision: Decision) -> None:
+    usage = decision.usage
+    for kind, n in (
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", usage.cache_read_input_tokens),
+        ("cache_write", usage.cache_creation_input_tokens),
+    ):
+        if n:
+            metrics.MODEL_TOKENS.labels(model=model, kind=kind).inc(n)
+
+
+def _tool_outcome(outcome: ev.Event) -> str:
+    """ok | error | retry | unknown | wait: how one attempt of a tool call ended."""
+    if isinstance(outcome, ev.ToolResult):
+        return "ok" if outcome.ok else "error"
+    if isinstance(outcome, ev.RetryScheduled):
+        return "retry"
+    if isinstance(outcome, ev.ToolOutcomeUnknown):
+        return "unknown"
+    return "wait"
 
 
 class DefinitionMismatch(Exception):

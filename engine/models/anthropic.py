@@ -45,6 +45,7 @@ from typing import Any
 import anthropic
 from anthropic import AsyncAnthropic, omit
 
+from engine import metrics
 from engine.config import ModelSettings, load_settings
 from engine.context import Prompt
 from engine.errors import ConfigError
@@ -134,15 +135,21 @@ class AnthropicModel:
                 tool_choice=TOOL_CHOICE if prompt.tools else omit,  # type: ignore[arg-type]
             )
         except anthropic.AnthropicError as exc:
+            metrics.MODEL_ERRORS.labels(kind=error_kind(exc)).inc()
             raise self._model_error(exc) from None
         except TypeError as exc:
             # The SDK raises a bare TypeError, before sending, when it has no credential.
             if _NO_AUTH not in str(exc):
                 raise
+            metrics.MODEL_ERRORS.labels(kind="auth").inc()
             raise ModelError(
                 "no Anthropic credentials: set ANTHROPIC_API_KEY", retryable=False
             ) from None
-        decision = self._decision(reply)
+        try:
+            decision = self._decision(reply)
+        except ModelError:
+            metrics.MODEL_ERRORS.labels(kind="invalid_reply").inc()
+            raise
         log.info(
             "model step model=%s request_id=%s stop_reason=%s tool=%s in=%d out=%d "
             "cache_read=%d cache_write=%d %.2fs",
@@ -298,6 +305,38 @@ class AnthropicModel:
             if secret:
                 text = text.replace(secret, "[redacted]")
         return _KEY_LIKE.sub("[redacted]", text)
+
+
+def error_kind(exc: anthropic.AnthropicError) -> str:
+    """A bounded name for what went wrong, the label of ``opsloop_model_errors_total``."""
+    if isinstance(exc, anthropic.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, anthropic.APIConnectionError):
+        return "connection"
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return "invalid_reply"
+    if isinstance(exc, anthropic.CredentialsError):
+        return "auth"
+    if not isinstance(exc, anthropic.APIStatusError):
+        return "other"
+    status = exc.status_code
+    if status == 429:
+        return "spend_limit" if exc.error_code in _SPEND_LIMITS else "rate_limited"
+    if status == 529 or exc.type == "overloaded_error":
+        return "overloaded"
+    by_status = {
+        401: "auth",
+        403: "permission",
+        404: "not_found",
+        408: "timeout",
+        409: "conflict",
+        413: "too_large",
+    }
+    if status in by_status:
+        return by_status[status]
+    if status >= 500:
+        return "server"
+    return "bad_request" if 400 <= status < 500 else "other"
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
