@@ -10,6 +10,9 @@
     opsloop policy check [--config F] [THREAD …] [--since 7d]
     opsloop config check [FILE]
     opsloop migrate [--check]        take the database to this release's schema
+    opsloop archive --before 90d [--to FILE.jsonl] [--dry-run]
+    opsloop trace --from FILE.jsonl THREAD [--json]
+    opsloop doctor [--manifest FILE] one line per check; exit 1 if any fails
 
 Every command reads the settings once, here: the configuration file (``OPSLOOP_CONFIG``,
 else ``./opsloop.yaml`` when present) with the environment laid over it, and passes
@@ -42,8 +45,11 @@ from engine.config import Settings, load_settings
 from engine.config_file import ConfigFile, load_config_file
 from engine.db import DatabaseConfig, parse_database_url
 from engine.errors import ConfigError, EngineError, ThreadNotFound
+from engine.events import AnyEvent
+from engine.logs import KeyValueFormatter as KeyValueFormatter  # re-exported (tests)
+from engine.logs import configure_logging
 from engine.state import Status
-from engine.store import Store
+from engine.store import Store, ThreadInfo
 from engine.trace import (
     format_usage,
     thread_record,
@@ -106,53 +112,6 @@ def secrets_of(settings: Settings, config: ConfigFile | None) -> list[str]:
         for action in config.tools.http.values():
             found += action.plain_headers().values()
     return [s for s in found if s]
-
-
-# --- logging ------------------------------------------------------------------------
-
-
-def _logfmt_value(value: object) -> str:
-    text = str(value)
-    if text and not any(c in text for c in ' "=\\\n\r\t'):
-        return text
-    return json.dumps(text, ensure_ascii=False)
-
-
-class KeyValueFormatter(logging.Formatter):
-    """``time=… level=… logger=… msg=…`` on one line; secrets from the env are masked."""
-
-    def __init__(self, secrets: Sequence[str] = ()) -> None:
-        super().__init__()
-        self.secrets = [s for s in secrets if len(s) >= 4]
-
-    def format(self, record: logging.LogRecord) -> str:
-        when = datetime.fromtimestamp(record.created, UTC)
-        parts = {
-            "time": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            parts["exc"] = self.formatException(record.exc_info)
-        line = " ".join(f"{k}={_logfmt_value(v)}" for k, v in parts.items())
-        for secret in self.secrets:
-            line = line.replace(secret, "***")
-        return line
-
-
-def configure_logging(level: int, secrets: Sequence[str] = ()) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter(secrets))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level)
-    # APScheduler logs every run of the one-second sweep at INFO: keep its warnings only.
-    logging.getLogger("apscheduler").setLevel(max(level, logging.WARNING))
-    # Alembic narrates every step at INFO; we log what a migration did, once.
-    logging.getLogger("alembic").setLevel(max(level, logging.WARNING))
 
 
 # --- the store ----------------------------------------------------------------------
@@ -257,22 +216,28 @@ async def _threads(args: argparse.Namespace) -> int:
     store = await _open_store(settings)
     try:
         infos = await store.list_threads(status=args.status)
+        # One grouped read for the listed threads: how much each holds in the hot tables.
+        sizes = await store.select_thread_sizes([i.id for i in infos]) if infos else {}
     finally:
         await store.close()
     if args.json:
         for info in infos:
-            print(json.dumps(thread_record(info), ensure_ascii=False))
+            events, size = sizes.get(info.id, (0, 0))
+            record = {**thread_record(info), "events": events, "bytes": size}
+            print(json.dumps(record, ensure_ascii=False))
         return 0
     if not infos:
         print(f"no threads with status {args.status}" if args.status else "no threads yet")
         return 0
-    rows = [["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "UPDATED"]]
+    rows = [["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "EVENTS", "BYTES", "UPDATED"]]
     for info in infos:
         updated = info.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        events, size = sizes.get(info.id, (0, 0))
+        where = f"{info.channel}/{info.root_ts}"
         rows.append(
-            [info.id, f"{info.channel}/{info.root_ts}", info.status, str(info.last_seq), updated]
+            [info.id, where, info.status, str(info.last_seq), str(events), str(size), updated]
         )
-    for line in _table(rows, right=(3,)):
+    for line in _table(rows, right=(3, 4, 5)):
         print(line)
     return 0
 
@@ -281,6 +246,9 @@ async def _threads(args: argparse.Namespace) -> int:
 
 
 async def _trace(args: argparse.Namespace) -> int:
+    if args.source is not None:
+        info, events = _archived_thread(args.source, args.thread)
+        return _print_trace(info, events, as_json=args.json)
     settings, _ = load_configuration()
     store = await _open_store(settings)
     try:
@@ -291,7 +259,33 @@ async def _trace(args: argparse.Namespace) -> int:
         events = await store.select_events(info.id)
     finally:
         await store.close()
-    if args.json:
+    return _print_trace(info, events, as_json=args.json)
+
+
+def _archived_thread(path: str, ref: str) -> tuple[ThreadInfo, list[AnyEvent]]:
+    """A thread read back from an archive file (``opsloop trace --from FILE``)."""
+    from engine.archive import find_archived, read_archive
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"{PROG} trace: cannot read the archive {path}: {why}") from None
+    found = find_archived(read_archive(text, path), ref, path)
+    if not found.complete:
+        # Lines of an archive run that died before its delete: the thread is whole in
+        # the database (see engine/archive.py).
+        seqs = [e.seq for e in found.events]
+        _say_error(
+            f"{PROG} trace: {path} holds {len(seqs)} of the {found.info.last_seq} events of "
+            f"thread {found.info.id} (an interrupted archive run); see `opsloop trace` for it"
+        )
+    return found.info, found.events
+
+
+def _print_trace(info: ThreadInfo, events: Sequence[AnyEvent], *, as_json: bool) -> int:
+    if as_json:
         for event in events:
             print(json.dumps(trace_record(event), ensure_ascii=False))
         return 0
@@ -305,6 +299,141 @@ async def _trace(args: argparse.Namespace) -> int:
     if usage:
         print(usage)
     return 0
+
+
+# --- archive ------------------------------------------------------------------------
+
+
+def archive_name(now: datetime) -> str:
+    """The default archive file: one per UTC day, in the working directory."""
+    return f"opsloop-archive-{now.astimezone(UTC):%Y-%m-%d}.jsonl"
+
+
+def _byte_at(file: Any, offset: int) -> bytes:
+    file.seek(offset)
+    return bytes(file.read(1))
+
+
+class ArchiveFile:
+    """An archive file opened for appending; ``write`` returns once the lines are on
+    disk (flush, then fsync), so a thread is deleted only after that. Opened on the
+    first write: a run that archives nothing leaves no file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def _open(self) -> Any:
+        new = not os.path.exists(self.path)
+        file = open(self.path, "a+b")
+        end = file.seek(0, os.SEEK_END)
+        if end and _byte_at(file, end - 1) != b"\n":
+            # A last line without its newline was cut short by a crash (its thread is
+            # still in the database): cut it off, or the next line would join it.
+            keep = 0
+            for start in range(end - 1, -1, -65536):  # back to the last newline
+                file.seek(max(0, start - 65535))
+                chunk = file.read(start - max(0, start - 65535) + 1)
+                if (at := chunk.rfind(b"\n")) >= 0:
+                    keep = max(0, start - 65535) + at + 1
+                    break
+            file.truncate(keep)
+            os.fsync(file.fileno())
+        if new:  # the file's name, too, must survive a crash
+            directory = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        return file
+
+    def write(self, lines: list[str]) -> None:
+        if self._file is None:
+            self._file = self._open()
+        self._file.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    @property
+    def written(self) -> bool:
+        return self._file is not None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+async def _archive(args: argparse.Namespace) -> int:
+    from engine.archive import archive_threads
+    from engine.config_file import parse_duration
+
+    try:
+        age = parse_duration(args.before)
+    except ValueError as exc:
+        raise CliError(f"{PROG} archive: --before {exc}") from None
+    now = datetime.now(UTC)
+    before = now - timedelta(seconds=age)
+    settings, _ = load_configuration()
+    store = await _open_store(settings)
+    try:
+        if args.dry_run:
+            return await _archive_dry_run(store, before, now)
+        path = args.to or archive_name(now)
+        shown = path if os.path.dirname(path) else os.path.join(".", path)
+        out = ArchiveFile(path)
+        try:
+            run = await archive_threads(store, before, out.write, now=now)
+        except OSError as exc:
+            raise CliError(f"{PROG} archive: cannot write {shown}: {exc.strerror or exc}") from None
+        finally:
+            out.close()
+    finally:
+        await store.close()
+    when = before.strftime("%Y-%m-%dT%H:%M:%SZ")
+    line = (
+        f"archived {run.threads} thread{'s' if run.threads != 1 else ''} "
+        f"({run.events} events) to {shown}"
+        if out.written
+        else f"archived 0 threads: none ended before {when}"
+    )
+    if run.moved:
+        line += f"; {len(run.moved)} changed meanwhile and stay in the database"
+    print(line)
+    return 0
+
+
+async def _archive_dry_run(store: Store, before: datetime, now: datetime) -> int:
+    infos, after = [], ""
+    while page := await store.select_ended_threads(before, after=after, now=now):
+        infos += page
+        after = page[-1].id
+    sizes = await store.select_thread_sizes([i.id for i in infos]) if infos else {}
+    for info in infos:
+        updated = info.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        events, size = sizes.get(info.id, (0, 0))
+        print(
+            f"{info.id}  {info.channel}/{info.root_ts}  {info.status}  "
+            f"{events} events  {size} bytes  updated {updated}"
+        )
+    total = sum(sizes.get(i.id, (0, 0))[0] for i in infos)
+    n = len(infos)
+    print(f"would archive {n} thread{'s' if n != 1 else ''} ({total} events); nothing changed")
+    return 0
+
+
+def _cmd_archive(args: argparse.Namespace) -> int:
+    return asyncio.run(_archive(args))
+
+
+# --- doctor -------------------------------------------------------------------------
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from bot.doctor import run_doctor
+
+    settings, config = load_configuration()
+    secrets = secrets_of(settings, config)
+    return asyncio.run(run_doctor(settings, config, manifest=args.manifest, secrets=secrets))
 
 
 # --- serve --------------------------------------------------------------------------
@@ -426,7 +555,7 @@ def _cmd_socket(_args: argparse.Namespace) -> int:
     missing = _missing(settings, REQUIRED_FOR_SOCKET)
     if missing:
         raise CliError(f"{PROG} socket: set {_and(missing)} (see README: Configuration)")
-    configure_logging(logging.INFO, secrets_of(settings, config))
+    configure_logging(logging.INFO, secrets_of(settings, config), settings.log_format)
     _prepare_schema(settings)
     return asyncio.run(_run_until_signalled(lambda: _socket_mode(settings, config)))
 
@@ -438,7 +567,7 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
         raise CliError(f"{PROG} serve: set {_and(missing)} (see README: Configuration)")
     host, port = _listen_address(settings)
     sock = _bind("serve", host, port)
-    configure_logging(logging.INFO, secrets_of(settings, config))
+    configure_logging(logging.INFO, secrets_of(settings, config), settings.log_format)
     try:
         _prepare_schema(settings)
         return asyncio.run(_run_until_signalled(lambda: _http(settings, config, sock)))
@@ -482,7 +611,7 @@ def _cmd_local(_args: argparse.Namespace) -> int:
     settings, config = load_configuration(env)
     host, port = _listen_address(settings, LOCAL_HOST)
     sock = _bind("local", host, port)
-    configure_logging(logging.INFO, secrets_of(settings, config))
+    configure_logging(logging.INFO, secrets_of(settings, config), settings.log_format)
     try:
         _prepare_schema(settings)
         return asyncio.run(_run_until_signalled(lambda: _local(settings, config, sock)))
@@ -666,6 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="show a thread's event log")
     trace.add_argument("thread", metavar="THREAD", help="a thread id or CHANNEL/THREAD_TS")
     trace.add_argument("--json", action="store_true", help="one JSON object per event")
+    trace.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="read the thread from an archive file (opsloop archive) instead of the database",
+    )
     trace.set_defaults(func=_cmd_trace)
 
     replay = sub.add_parser(
@@ -704,6 +839,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="only say where it is; exit 1 unless current"
     )
     migrate.set_defaults(func=_cmd_migrate)
+
+    archive = sub.add_parser(
+        "archive", help="move threads that ended before a cutoff into a JSON Lines file"
+    )
+    archive.add_argument(
+        "--before", metavar="DURATION", required=True, help="ended this long ago, e.g. 90d"
+    )
+    archive.add_argument(
+        "--to", metavar="FILE", help="append to this file (default ./opsloop-archive-DATE.jsonl)"
+    )
+    archive.add_argument(
+        "--dry-run", action="store_true", help="list what would be archived; change nothing"
+    )
+    archive.set_defaults(func=_cmd_archive)
+
+    doctor = sub.add_parser("doctor", help="check the database, Slack, the model and MCP servers")
+    doctor.add_argument(
+        "--manifest", metavar="FILE", help="the Slack app manifest (default ./manifest.yml)"
+    )
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

@@ -127,11 +127,15 @@ def test_threads_json_fields_and_values(seeded, tmp_path: Path) -> None:
             "status",
             "last_seq",
             "updated_at",
+            "events",
+            "bytes",
         ]
         assert datetime.fromisoformat(row["updated_at"]).utcoffset().total_seconds() == 0
     idle = rows[ids["idle"]]
     assert (idle["team"], idle["channel"], idle["thread_ts"]) == ("T1", "C1", KEY.root_ts)
     assert (idle["requester"], idle["status"], idle["last_seq"]) == ("U1", "idle", 3)
+    assert idle["events"] == 3 and idle["bytes"] == _payload_bytes(url, ids["idle"])
+    assert (rows[ids["new"]]["events"], rows[ids["new"]]["bytes"]) == (0, 0)
     running = rows[ids["running"]]
     assert (running["requester"], running["status"], running["last_seq"]) == ("U7", "running", 1)
     new = rows[ids["new"]]
@@ -153,10 +157,27 @@ def test_threads_human_table(seeded, tmp_path: Path) -> None:
     proc = run_cli("threads", db=url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     header, *rows = proc.stdout.splitlines()
-    assert header.split() == ["ID", "CHANNEL/THREAD_TS", "STATUS", "LAST_SEQ", "UPDATED"]
+    assert header.split() == [
+        "ID",
+        "CHANNEL/THREAD_TS",
+        "STATUS",
+        "LAST_SEQ",
+        "EVENTS",
+        "BYTES",
+        "UPDATED",
+    ]
     assert len(rows) == 3
     idle_row = next(r for r in rows if r.startswith(ids["idle"]))
-    assert idle_row.split()[1:4] == [f"C1/{KEY.root_ts}", "idle", "3"]
+    size = str(_payload_bytes(url, ids["idle"]))
+    assert idle_row.split()[1:6] == [f"C1/{KEY.root_ts}", "idle", "3", "3", size]
+
+
+def _payload_bytes(url: str, thread_id: str) -> int:
+    """What `opsloop threads` should count: the stored payloads' UTF-8 octets."""
+    path = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT payload FROM events WHERE thread_id = ?", (thread_id,))
+        return sum(len(p.encode()) for (p,) in rows)
 
 
 async def _empty_database(url: str) -> None:
@@ -176,7 +197,14 @@ def test_threads_on_a_database_without_threads_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["threads"], ["threads", "--json"], ["trace", "thr_x"], ["replay", "thr_x", "--all"]]
+    "args",
+    [
+        ["threads"],
+        ["threads", "--json"],
+        ["trace", "thr_x"],
+        ["replay", "thr_x", "--all"],
+        ["archive", "--before", "90d"],  # not read-only, but nothing to archive: no file either
+    ],
 )
 def test_a_read_only_command_in_the_wrong_directory_creates_no_database(
     tmp_path: Path, args: list[str]

@@ -155,6 +155,7 @@ class FakeAnthropic:
         self.request_headers: list[dict[str, str]] = []
         self.responses: list[tuple[int, dict[str, Any]]] = []  # (status, body) answered
         self.violations: list[str] = []
+        self.model_lookups: list[str] = []  # GET /v1/models/{id}, in order
         self.responder: Responder | None = None
         self._queue: deque[Reply | Responder] = deque()
         self._cache: set[str] = set()
@@ -211,6 +212,7 @@ class FakeAnthropic:
     async def __aenter__(self) -> FakeAnthropic:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_get("/v1/models/{model_id}", self._model)
         app.router.add_route("*", "/{tail:.*}", self._unknown_path)
         # handler_cancellation: a client that gave up (a timeout) cancels the handler.
         self._runner, port = await serve(app, handler_cancellation=True, shutdown_timeout=1.0)
@@ -221,6 +223,28 @@ class FakeAnthropic:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): the cheap call that
+        ``opsloop doctor`` checks the key with; a model outside ``models`` is 404."""
+        model_id = request.match_info["model_id"]
+        self.model_lookups.append(model_id)
+        key = request.headers.get("x-api-key")
+        bearer = request.headers.get("authorization", "")
+        if key is None and bearer.lower().startswith("bearer "):  # as _messages reads it
+            key = bearer[len("bearer ") :].strip()
+        if key != self.api_key:
+            return self._error(401, "authentication_error", "invalid x-api-key")
+        if self.models is not None and model_id not in self.models:
+            return self._error(404, "not_found_error", f"model: {model_id}")
+        info = {
+            "type": "model",
+            "id": model_id,
+            "display_name": model_id,
+            "created_at": "2025-01-01T00:00:00Z",
+            "lifecycle": "active",
+        }
+        return web.json_response(info, headers={"request-id": self._next_id("req")})
 
     async def _unknown_path(self, request: web.Request) -> web.Response:
         self.violations.append(f"{request.method} {request.path}: no such endpoint")

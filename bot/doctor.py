@@ -1,0 +1,339 @@
+"""``opsloop doctor``: is this process's setup one that ``opsloop serve`` can run on?
+
+One line per check, ``ok`` or ``FAIL``, its name and a detail; exit status 1 when any
+fails. The checks, each given ``CHECK_TIMEOUT_S`` (they run together):
+
+* ``database``: reachable, and at this release's schema revision (engine.migrations);
+* ``clock``: the database's ``now()`` against this machine's (PostgreSQL; a SQLite file
+  shares this machine's clock): leases and timers compare the two;
+* ``slack token``: ``auth.test`` through ``SLACK_API_URL``; ``slack scopes``: the
+  ``x-oauth-scopes`` it answers with, against the bot scopes of the app manifest;
+* ``signing secret``: set (its value is never shown);
+* ``model``: the key accepted and the model known, by one cheap call (``models.retrieve``
+  through ``ANTHROPIC_BASE_URL``: no tokens spent);
+* ``mcp <server>``, one per server of the configuration file: it starts, lists its
+  tools (its ``tools`` allowlist present), and lists them again to the same definition
+  hashes (``opsloop tools``' drift check: what a call is pinned to at approval).
+
+No detail shows a secret: every line is scrubbed of the process's tokens and keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+import yaml
+
+from bot.configured import mcp_server
+from engine.config import Settings
+from engine.config_file import ConfigFile
+from engine.db import DatabaseConfig, parse_database_url
+
+CHECK_TIMEOUT_S = 5.0
+MAX_SKEW_S = 5.0
+MANIFEST = "manifest.yml"
+# The bot scopes of the repository's manifest.yml, for a process run where there is no
+# manifest file (an installed package, the image): tests keep the two equal.
+BOT_SCOPES = (
+    "app_mentions:read",
+    "chat:write",
+    "channels:history",
+    "groups:history",
+    "im:history",
+    "usergroups:read",
+    "users:read",
+    "commands",
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self, width: int) -> str:
+        return f"{'ok' if self.ok else 'FAIL':<4}  {self.name:<{width}}  {self.detail}"
+
+
+class CheckFailed(Exception):
+    """A check's one-line reason to fail."""
+
+
+Check = tuple[str, Callable[[], Awaitable[str]]]
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+# --- the database -------------------------------------------------------------------
+
+
+def _sqlite_file_exists(config: DatabaseConfig) -> None:
+    """Inspecting a missing SQLite file would create it: a doctor changes nothing."""
+    path = config.url.database or ""
+    if config.dialect == "sqlite" and path != ":memory:" and not os.path.exists(path):
+        raise CheckFailed(f"no database file at {path} (set DATABASE_URL)")
+
+
+async def check_database(settings: Settings) -> str:
+    from engine.migrations import inspect_schema, known_revisions
+    from engine.schema import HEAD
+
+    config = parse_database_url(settings.database_url)
+    where = config.display()
+    _sqlite_file_exists(config)
+    state = await inspect_schema(settings.database_url)
+    verdict = state.verdict(known_revisions())
+    if verdict == "current":
+        return f"{where} reachable; schema revision {state.revision} (this release's head)"
+    if verdict == "empty":
+        raise CheckFailed(f"{where} reachable but has no opsloop tables: run `opsloop migrate`")
+    refusal = state.refusal(known_revisions(), where)
+    raise CheckFailed(str(refusal) if refusal else f"schema {state.revision}, head {HEAD}")
+
+
+def skew_verdict(skew_s: float, limit_s: float = MAX_SKEW_S) -> tuple[bool, str]:
+    """Whether a measured skew (database minus local, seconds) is acceptable."""
+    ahead = "ahead of" if skew_s > 0 else "behind"
+    detail = f"the database clock is {abs(skew_s):.3f} s {ahead} this machine's"
+    if abs(skew_s) > limit_s:
+        return False, f"{detail} (over {limit_s:g} s: leases and timers will misjudge time)"
+    return True, detail
+
+
+async def check_clock(settings: Settings) -> str:
+    import asyncpg
+
+    config = parse_database_url(settings.database_url)
+    if config.dialect != "postgresql":
+        return f"{config.dialect}: the database runs on this machine's clock"
+    dsn = config.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn, timeout=CHECK_TIMEOUT_S)
+    try:
+        sent = time.time()
+        db_now: datetime = await conn.fetchval("SELECT now()")
+        back = time.time()
+    finally:
+        await conn.close()
+    # The server read its clock somewhere within the round trip: compare to its middle.
+    skew = db_now.timestamp() - (sent + back) / 2
+    ok, detail = skew_verdict(skew)
+    if not ok:
+        raise CheckFailed(detail)
+    return f"{detail} (round trip {1000 * (back - sent):.0f} ms)"
+
+
+# --- Slack --------------------------------------------------------------------------
+
+
+def manifest_scopes(path: str | None) -> tuple[list[str], str]:
+    """The manifest's bot scopes and where they came from."""
+    if path is None and not os.path.exists(MANIFEST):
+        return list(BOT_SCOPES), "this release's manifest"
+    path = path or MANIFEST
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = yaml.safe_load(file)
+        scopes = data["oauth_config"]["scopes"]["bot"]
+        if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+            raise TypeError("oauth_config.scopes.bot is not a list of scopes")
+    except OSError as exc:
+        raise CheckFailed(f"cannot read the manifest {path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, KeyError, TypeError) as exc:
+        detail = f"no oauth_config.scopes.bot ({exc})" if isinstance(exc, KeyError) else exc
+        raise CheckFailed(f"the manifest {path}: {one_line(detail)}") from None
+    return scopes, path
+
+
+class Slack:
+    """One ``auth.test``, shared by the token and scopes checks."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._answer: asyncio.Task[Any] | None = None
+
+    async def auth_test(self) -> Any:
+        if self._answer is None:
+            self._answer = asyncio.ensure_future(self._call())
+        return await asyncio.shield(self._answer)
+
+    async def _call(self) -> Any:
+        from slack_sdk.errors import SlackApiError
+        from slack_sdk.web.async_client import AsyncWebClient
+
+        token = self.settings.slack.bot_token.strip()
+        if not token:
+            raise CheckFailed("SLACK_BOT_TOKEN is not set")
+        client = AsyncWebClient(
+            token=token, base_url=self.settings.slack.api_url, timeout=int(CHECK_TIMEOUT_S)
+        )
+        client.retry_handlers = []  # one attempt: a doctor reports, it does not insist
+        try:
+            return await client.auth_test()
+        except SlackApiError as exc:
+            error = exc.response.get("error") if exc.response is not None else None
+            raise CheckFailed(f"auth.test refused the token: {error or exc}") from None
+        except (OSError, TimeoutError) as exc:
+            url = self.settings.slack.api_url
+            raise CheckFailed(
+                f"cannot reach {url}: {one_line(exc) or type(exc).__name__}"
+            ) from None
+
+    async def token(self) -> str:
+        answer = await self.auth_test()
+        return (
+            f"auth.test ok: bot {answer.get('user') or answer.get('user_id')} "
+            f"in team {answer.get('team') or answer.get('team_id')}"
+        )
+
+    async def scopes(self, manifest: str | None) -> str:
+        wanted, source = manifest_scopes(manifest)
+        answer = await self.auth_test()
+        header = answer.headers.get("x-oauth-scopes") if answer.headers else None
+        if header is None:
+            raise CheckFailed("auth.test gave no x-oauth-scopes header to compare")
+        granted = {s.strip() for s in header.split(",") if s.strip()}
+        missing = [s for s in wanted if s not in granted]
+        if missing:
+            raise CheckFailed(
+                f"the token lacks {', '.join(missing)} (in {source}): reinstall the app"
+            )
+        extra = sorted(granted - set(wanted))
+        more = f"; also granted {', '.join(extra)}" if extra else ""
+        return f"every scope of {source} granted ({len(wanted)}){more}"
+
+
+async def check_signing_secret(settings: Settings) -> str:
+    if not settings.slack.signing_secret.strip():
+        if settings.slack.app_token.strip():
+            return "not set; SLACK_APP_TOKEN is (Socket Mode needs no signing secret)"
+        raise CheckFailed("SLACK_SIGNING_SECRET is not set: `opsloop serve` refuses to start")
+    return "SLACK_SIGNING_SECRET is set"
+
+
+# --- the model ----------------------------------------------------------------------
+
+
+async def check_model(settings: Settings) -> str:
+    import anthropic
+
+    from engine.config import DEFAULT_MODEL
+
+    key = settings.model.api_key.strip()
+    if not key:
+        raise CheckFailed("ANTHROPIC_API_KEY is not set")
+    name = settings.model.name or DEFAULT_MODEL
+    client = anthropic.AsyncAnthropic(
+        api_key=key,
+        base_url=(settings.model.base_url or "").strip() or None,
+        max_retries=0,
+        timeout=CHECK_TIMEOUT_S,
+    )
+    try:
+        model = await client.models.retrieve(name)
+    except anthropic.AuthenticationError:
+        raise CheckFailed("the API key was refused (401)") from None
+    except anthropic.PermissionDeniedError:
+        raise CheckFailed("the API key may not use the API (403)") from None
+    except anthropic.NotFoundError:
+        raise CheckFailed(f"the key is accepted but the model {name!r} is unknown") from None
+    except anthropic.APIStatusError as exc:
+        raise CheckFailed(f"the API answered {exc.status_code}") from None
+    except anthropic.APIConnectionError as exc:
+        raise CheckFailed(f"cannot reach the API: {one_line(exc)}") from None
+    finally:
+        await client.close()
+    return f"key accepted; model {model.id} available"
+
+
+# --- MCP servers --------------------------------------------------------------------
+
+
+async def check_mcp(name: str, config: ConfigFile) -> str:
+    from tools.errors import ToolError
+    from tools.mcp import McpSource
+
+    server = dataclasses.replace(
+        mcp_server(name, config.tools.mcp[name]), connect_timeout_s=CHECK_TIMEOUT_S / 2
+    )
+    source = McpSource(server)
+    try:
+        tools = await source.open()  # McpLoadError: unreachable, allowlist not served
+        now = await source.current_definitions()
+    except ToolError as exc:
+        raise CheckFailed(one_line(exc)) from None
+    finally:
+        await source.close()
+    drifted = sorted(t.name for t in tools if now.get(t.name) != t.definition_hash)
+    if drifted:
+        raise CheckFailed(
+            f"definitions changed between two listings: {', '.join(drifted)} "
+            "(calls approved under one are refused under the other)"
+        )
+    return f"reachable ({server.transport}); {len(tools)} tools, definitions stable"
+
+
+# --- running them -------------------------------------------------------------------
+
+
+def checks(settings: Settings, config: ConfigFile | None, manifest: str | None) -> list[Check]:
+    slack = Slack(settings)
+    found: list[Check] = [
+        ("database", lambda: check_database(settings)),
+        ("clock", lambda: check_clock(settings)),
+        ("slack token", slack.token),
+        ("slack scopes", lambda: slack.scopes(manifest)),
+        ("signing secret", lambda: check_signing_secret(settings)),
+        ("model", lambda: check_model(settings)),
+    ]
+    if config is not None:
+        found += [(f"mcp {name}", partial(check_mcp, name, config)) for name in config.tools.mcp]
+    return found
+
+
+async def _run(name: str, check: Callable[[], Awaitable[str]]) -> Result:
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_S):
+            return Result(name, True, await check())
+    except CheckFailed as exc:
+        return Result(name, False, str(exc))
+    except TimeoutError:
+        return Result(name, False, f"no answer within {CHECK_TIMEOUT_S:g} s")
+    except Exception as exc:  # a check's own failure is its line, never a traceback
+        return Result(name, False, one_line(exc) or type(exc).__name__)
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+async def run_doctor(
+    settings: Settings,
+    config: ConfigFile | None,
+    *,
+    manifest: str | None = None,
+    secrets: Sequence[str] = (),
+    out: Callable[[str], None] = print,
+) -> int:
+    """Run every check; print one line each, in order; 1 if any failed, else 0."""
+    todo = checks(settings, config, manifest)
+    results = await asyncio.gather(*(_run(name, check) for name, check in todo))
+    width = max(len(r.name) for r in results)
+    for result in results:
+        out(scrub(result.line(width), secrets))
+    return 0 if all(r.ok for r in results) else 1
+
+
+__all__ = ["BOT_SCOPES", "CHECK_TIMEOUT_S", "MAX_SKEW_S", "run_doctor", "skew_verdict"]
