@@ -103,10 +103,12 @@ async def post_user_message(
     dedupe_key: str | None = None,
     source: dict[str, Any] | None = None,
     start: bool = True,
+    fresh: bool = False,
 ) -> Accepted:
     """A person wrote in the thread at ``key``, created if new (``ThreadNotFound``
     instead, writing nothing, when ``start`` is false). While the thread waits for a
-    clarification, the message is the answer."""
+    clarification, the message is the answer. ``fresh``: the message is its thread's
+    root, so the thread is most likely new (``Store.append_input``)."""
 
     def build(state: ThreadState) -> ev.Event:
         if state.status == "awaiting_reply" and state.question is not None:
@@ -120,7 +122,9 @@ async def post_user_message(
         return ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)
 
     async def once() -> Accepted:
-        thread_id, done = await store.append_input(key, build, dedupe_key=dedupe_key, start=start)
+        thread_id, done = await store.append_input(
+            key, build, dedupe_key=dedupe_key, start=start, fresh=fresh
+        )
         return Accepted(thread_id, done.events[0], done.deduplicated)
 
     return await retrying(once)

@@ -62,6 +62,7 @@ async def _store(d: Deps, message: p.Message, bot_user_id: str | None, *, start:
             dedupe_key=message.dedupe_key,
             source=message.source(names),
             start=start,
+            fresh=start and message.key.root_ts == message.event.ts,
         )
     except ThreadNotFound:
         return  # a reply in a thread that is not ours
