@@ -148,11 +148,13 @@ class StampedAnthropic(FakeAnthropic):
 def model_reply(tag: str, stage: int, nth: int) -> Reply:
     """The zero-latency model's script, by the thread's tag and how many tools it used.
 
-    A kill thread (tag ``k…``) is held in its first model call until its process dies.
+    A kill thread (tag ``k…``) is held ``HOLD_S`` in its first model call: its process is
+    killed before then, or (the replica not killed) it is answered "held". The hold stays
+    under the model timeout, or that replica times out and asks again, answered "Resumed".
     """
     if tag.startswith("k"):
         return (
-            Reply.text("held", delay=3600) if nth == 1 else Reply.text("Resumed after the crash.")
+            Reply.text("held", delay=HOLD_S) if nth == 1 else Reply.text("Resumed after the crash.")
         )
     script = [
         Reply.tool_use("bench_deploy", {"tag": tag}, text="Deploying."),
