@@ -324,3 +324,31 @@ async def test_a_decision_records_the_tools_its_prompt_was_built_from(store):
     assert (decision.tool_names, decision.tools_hash) == tools_fingerprint(tools.all())
     assert decision.tool_names == tuple(tools.names())
     assert decision.projection_version == "v2"
+
+
+async def test_each_step_waits_for_the_front_doors_pace(store):
+    """While the serving loop has answers to give, the runner starts no step: the model
+    is not asked and no tool runs until ``pace`` returns, then the run goes on."""
+    effects: Counter = Counter()
+    model = RecordingModel([call("lookup", name="db"), say("db found")])
+    answered = asyncio.Event()
+    paced = 0
+
+    async def pace() -> None:
+        nonlocal paced
+        paced += 1
+        await answered.wait()
+
+    tid = await start(store)
+    run = asyncio.create_task(Runner(store, model, make_tools(effects), pace=pace).run(tid))
+    for _ in range(500):  # the run loads the thread first (database round trips)
+        if paced:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # and, held, it goes no further
+    assert paced == 1 and not run.done()
+    assert model.prompts == [] and effects["lookup"] == 0
+    answered.set()
+    state = await run
+    assert state.status == "idle" and effects["lookup"] == 1
+    assert paced == 2  # before each ask (a run_now call runs in the step that chose it)
