@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(VENV)/bin/opsloop local
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
