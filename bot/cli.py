@@ -526,9 +526,7 @@ async def _http(
 
 @contextlib.asynccontextmanager
 async def _socket_mode(settings: Settings, config: ConfigFile | None) -> AsyncIterator[None]:
-    from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-
-    from bot.runtime import start_runtime
+    from bot.runtime import socket_mode_handler, start_runtime
 
     runtime = await start_runtime(
         settings,
@@ -536,9 +534,7 @@ async def _socket_mode(settings: Settings, config: ConfigFile | None) -> AsyncIt
         signing_secret=settings.slack.signing_secret,
         config=config,
     )
-    handler = AsyncSocketModeHandler(
-        runtime.bolt, settings.slack.app_token, web_client=runtime.client
-    )
+    handler = socket_mode_handler(runtime, settings.slack.app_token)
     try:
         await handler.connect_async()
         runtime.start()

@@ -15,13 +15,17 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import aiohttp
 from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.app import build_app, drain, handle_slack_request
@@ -32,6 +36,7 @@ from bot.hooks import add_hook_route
 from bot.loop_thread import AnswersFirst, LoopThread
 from bot.reviewers import Reviewers
 from bot.slack_metrics import instrument
+from engine import metrics
 from engine.config import Settings
 from engine.config_file import ConfigFile
 from engine.events import utcnow
@@ -334,3 +339,25 @@ def web_app(runtime: Runtime) -> web.Application:
     secret = runtime.settings.slack.webhook_secret or None
     add_hook_route(app, runtime.store, secret, runtime.kick)
     return app
+
+
+def socket_mode_handler(runtime: Runtime, app_token: str) -> AsyncSocketModeHandler:
+    """The Socket Mode connection for ``runtime``'s Bolt app and Web API client."""
+    return _SocketModeHandler(runtime, app_token)
+
+
+class _SocketModeHandler(AsyncSocketModeHandler):
+    """Bolt's handler, with each envelope treated as ``POST /slack/events`` is: counted
+    as an answer in flight (the worker holds back meanwhile) and timed as an ack."""
+
+    def __init__(self, runtime: Runtime, app_token: str) -> None:
+        super().__init__(runtime.bolt, app_token, web_client=runtime.client)
+        self._priority = runtime.priority
+
+    async def handle(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
+        started = time.monotonic()
+        with self._priority.answering():
+            try:
+                await super().handle(client, req)  # type: ignore[arg-type]
+            finally:
+                metrics.SLACK_ACK_SECONDS.observe(time.monotonic() - started)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-
+from bot.runtime import socket_mode_handler
+from engine import metrics
 from tests.fakes.slack import BOT_USER_ID, app_mention_event
 from tests.fakes.socket_mode import FakeSocketMode
 
@@ -17,7 +17,8 @@ async def test_a_mention_over_socket_mode_is_acknowledged_stored_and_answered(ru
     async with FakeSocketMode(app_token=slack.app_token) as socket:
         slack.socket_url = socket.ws_url
         # As `opsloop socket` wires it: the runtime's Bolt app and Web API client.
-        handler = AsyncSocketModeHandler(runtime.bolt, slack.app_token, web_client=runtime.client)
+        handler = socket_mode_handler(runtime, slack.app_token)
+        acks_before = _acks()
         await handler.connect_async()
         try:
             await socket.wait_connected()
@@ -28,6 +29,7 @@ async def test_a_mention_over_socket_mode_is_acknowledged_stored_and_answered(ru
             assert ack["envelope_id"].startswith("env-")
             again = await socket.send("events_api", envelope)  # redelivered: stored once
             assert again["envelope_id"] != ack["envelope_id"]
+            assert _acks() == acks_before + 2  # each envelope timed as an ack
             for _ in range(100):
                 posts = slack.calls_to("chat.postMessage")
                 if any("Hello over the socket." in str(c.params) for c in posts):
@@ -40,3 +42,8 @@ async def test_a_mention_over_socket_mode_is_acknowledged_stored_and_answered(ru
     types = [e.type for e in await runtime.store.select_events(info.id)]
     assert types.count("user_message") == 1
     assert types.count("final_answer") == 1
+
+
+def _acks() -> float:
+    value = metrics.REGISTRY.get_sample_value("opsloop_slack_ack_seconds_count")
+    return value or 0.0
