@@ -46,6 +46,16 @@ SNAPSHOT_EVERY = 200
 TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
 # Statuses of a thread that ended: what `opsloop archive` may take out of the hot tables.
 ENDED_STATUSES = ("idle", "failed", "cancelled")
+# Both dialects read these alike (status_counts, for GET /metrics).
+STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
+# When each awaiting thread's latest card was asked, the oldest of those.
+OLDEST_APPROVAL_SQL = """
+SELECT min(asked) FROM (
+    SELECT max(e.created_at) AS asked FROM threads t
+    JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
+    WHERE t.status = 'awaiting_approval' GROUP BY t.id
+) AS pending
+"""
 # The columns of a thread row, in ThreadInfo's order (both backends select these).
 THREAD_COLUMNS = (
     "id, team, channel, root_ts, requester, status, last_seq, wake_at, lease_owner, "

@@ -27,6 +27,8 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
+    OLDEST_APPROVAL_SQL,
+    STATUS_COUNTS_SQL,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
@@ -613,20 +615,10 @@ class PostgresStore(Store):
 
     # --- metrics -------------------------------------------------------------------------
 
-    STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
-    # When each awaiting thread's latest card was asked, the oldest of those.
-    OLDEST_APPROVAL_SQL = """
-    SELECT min(asked) FROM (
-        SELECT max(e.created_at) AS asked FROM threads t
-        JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
-        WHERE t.status = 'awaiting_approval' GROUP BY t.id
-    ) AS pending
-    """
-
     async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
         async def read(conn: asyncpg.Connection) -> tuple[dict[str, int], datetime | None]:
-            rows = await conn.fetch(self.STATUS_COUNTS_SQL)
-            oldest = await conn.fetchval(self.OLDEST_APPROVAL_SQL)
+            rows = await conn.fetch(STATUS_COUNTS_SQL)
+            oldest = await conn.fetchval(OLDEST_APPROVAL_SQL)
             return {r["status"]: int(r["n"]) for r in rows}, oldest
 
         return await self._run(read)

@@ -39,6 +39,8 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
+    OLDEST_APPROVAL_SQL,
+    STATUS_COUNTS_SQL,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
@@ -315,23 +317,20 @@ def _apply(conn: sqlite3.Connection, item: _Append) -> Outcome:
     an append that cannot go in leaves nothing behind (no statement fails half-way:
     this connection is the only writer while the transaction lasts)."""
     if item.create is not None:
-        # Two statements, not five (insert, find, dedupe, move): each is a hand-over of
-        # the interpreter, and a busy process makes every hand-over wait. A new thread
-        # has no input to find again, and its row can hold its state from the start.
+        # One statement for the row, not four (insert, find, dedupe, move): each is a
+        # hand-over of the interpreter, and a busy process makes every hand-over wait.
+        # A new thread has no input to find again; its row holds its state from the start.
         team, channel, root_ts, when = item.create
         last_seq, status, wake_at, requester = item.moved[:4]
         created = (item.thread_id, team, channel, root_ts, status, last_seq, wake_at, requester)
         if conn.execute(CREATE_MOVED_SQL, (*created, when, when)).fetchone() is None:
             return "moved"  # the thread is there already: the core reads it
-        conn.executemany(INSERT_SQL, item.events)
-        if item.snapshot is not None:
-            conn.execute(SNAPSHOT_UPSERT_SQL, item.snapshot)
-        return "written"
-    for key in item.keys:
-        if (stored := conn.execute(DEDUPE_SQL, (item.thread_id, key)).fetchone()) is not None:
-            return Duplicate(stored)
-    if conn.execute(MOVE_SQL, item.moved).rowcount != 1:
-        return "moved"
+    else:
+        for key in item.keys:
+            if (stored := conn.execute(DEDUPE_SQL, (item.thread_id, key)).fetchone()) is not None:
+                return Duplicate(stored)
+        if conn.execute(MOVE_SQL, item.moved).rowcount != 1:
+            return "moved"
     conn.executemany(INSERT_SQL, item.events)
     if item.snapshot is not None:
         conn.execute(SNAPSHOT_UPSERT_SQL, item.snapshot)
@@ -716,21 +715,11 @@ class SqliteStore(Store):
 
     # --- metrics -------------------------------------------------------------------------
 
-    STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
-    # When each awaiting thread's latest card was asked, the oldest of those (text: an
-    # aggregate has no declared type, so the DATETIME converter does not see it).
-    OLDEST_APPROVAL_SQL = """
-    SELECT min(asked) FROM (
-        SELECT max(e.created_at) AS asked FROM threads t
-        JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
-        WHERE t.status = 'awaiting_approval' GROUP BY t.id
-    )
-    """
-
     async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
         def read(conn: sqlite3.Connection) -> tuple[dict[str, int], datetime | None]:
-            counts = {r["status"]: int(r["n"]) for r in conn.execute(self.STATUS_COUNTS_SQL)}
-            oldest = conn.execute(self.OLDEST_APPROVAL_SQL).fetchone()[0]
+            counts = {r["status"]: int(r["n"]) for r in conn.execute(STATUS_COUNTS_SQL)}
+            # Text: an aggregate has no declared type, so the DATETIME converter skips it.
+            oldest = conn.execute(OLDEST_APPROVAL_SQL).fetchone()[0]
             return counts, _read_time(oldest.encode()) if oldest else None
 
         return await self._read(read)
