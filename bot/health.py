@@ -4,16 +4,14 @@ Docker's HEALTHCHECK and load balancers call /healthz; it must answer quickly ei
 way, so the database ping is bounded by ``PING_TIMEOUT_S``. /metrics is the Prometheus
 text format of this process's metrics (``engine.metrics``) plus threads by status and
 the pending approvals, read from the database at each scrape in one bounded read; with
-the database down it still answers, without those. The app also times every answer to
-``POST /slack/events`` (Slack's ack deadline is 3 s).
+the database down it still answers, without those. Answers to Slack are timed where
+they are given (``bot.runtime.Runtime.answering``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import get_args
 
 from aiohttp import web
@@ -27,7 +25,6 @@ log = logging.getLogger("opsloop.health")
 
 PING_TIMEOUT_S = 2.0
 STORE_KEY: web.AppKey[Store] = web.AppKey("opsloop_store", Store)
-SLACK_EVENTS_PATH = "/slack/events"
 STATUSES: tuple[str, ...] = get_args(Status)
 
 
@@ -56,25 +53,10 @@ async def metrics_page(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def time_slack_acks(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Observe how long each answer to Slack took (``opsloop_slack_ack_seconds``)."""
-    if request.path != SLACK_EVENTS_PATH:
-        return await handler(request)
-    started = time.monotonic()
-    try:
-        return await handler(request)
-    finally:
-        metrics.SLACK_ACK_SECONDS.observe(time.monotonic() - started)
-
-
 def make_health_app(store: Store) -> web.Application:
     """An aiohttp app serving ``GET /healthz`` and ``GET /metrics`` for ``store``; others
-    add their routes (the answers to ``POST /slack/events`` are timed)."""
-    app = web.Application(middlewares=[time_slack_acks])
+    add their routes."""
+    app = web.Application()
     app[STORE_KEY] = store
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_page)

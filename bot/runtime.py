@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -115,6 +115,17 @@ class Runtime:
     settings: Settings = field(default_factory=Settings)
     tools: ToolRegistry = field(default_factory=ToolRegistry)  # modules' and sources'
     http: aiohttp.ClientSession | None = None  # the listeners' connections to Slack
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one answer to Slack (an HTTP request, a Socket Mode envelope): the
+        worker holds back meanwhile (``AnswersFirst``) and the answer is timed."""
+        started = time.monotonic()
+        try:
+            with self.priority.answering():
+                yield
+        finally:
+            metrics.SLACK_ACK_SECONDS.observe(time.monotonic() - started)
 
     def start(self) -> None:
         """Start the worker (the scheduler's first sweep resumes what a dead process
@@ -332,7 +343,7 @@ def web_app(runtime: Runtime) -> web.Application:
     app = make_health_app(runtime.store)
 
     async def slack_events(request: web.Request) -> web.Response:
-        with runtime.priority.answering():
+        with runtime.answering():
             return await handle_slack_request(runtime.bolt, request)
 
     app.router.add_post("/slack/events", slack_events)
@@ -347,17 +358,12 @@ def socket_mode_handler(runtime: Runtime, app_token: str) -> AsyncSocketModeHand
 
 
 class _SocketModeHandler(AsyncSocketModeHandler):
-    """Bolt's handler, with each envelope treated as ``POST /slack/events`` is: counted
-    as an answer in flight (the worker holds back meanwhile) and timed as an ack."""
+    """Bolt's handler, each envelope answered as ``POST /slack/events`` is."""
 
     def __init__(self, runtime: Runtime, app_token: str) -> None:
         super().__init__(runtime.bolt, app_token, web_client=runtime.client)
-        self._priority = runtime.priority
+        self._runtime = runtime
 
     async def handle(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
-        started = time.monotonic()
-        with self._priority.answering():
-            try:
-                await super().handle(client, req)  # type: ignore[arg-type]
-            finally:
-                metrics.SLACK_ACK_SECONDS.observe(time.monotonic() - started)
+        with self._runtime.answering():
+            await super().handle(client, req)  # type: ignore[arg-type]
