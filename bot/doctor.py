@@ -13,7 +13,10 @@ fails. The checks, each given ``CHECK_TIMEOUT_S`` (they run together):
   through ``ANTHROPIC_BASE_URL``: no tokens spent);
 * ``mcp <server>``, one per server of the configuration file: it starts, lists its
   tools (its ``tools`` allowlist present), and lists them again to the same definition
-  hashes (``opsloop tools``' drift check: what a call is pinned to at approval).
+  hashes (``opsloop tools``' drift check: what a call is pinned to at approval). A
+  server gets the connect time ``opsloop serve`` gives it, not ``CHECK_TIMEOUT_S``: a
+  stdio server that starts an interpreter (npx, uvx, python) on a busy host can take
+  seconds, and a doctor stricter than serve would fail a setup that runs.
 
 No detail shows a secret: every line is scrubbed of the process's tokens and keys.
 """
@@ -21,7 +24,6 @@ No detail shows a secret: every line is scrubbed of the process's tokens and key
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,7 +36,7 @@ import yaml
 
 from bot.configured import mcp_server
 from engine.config import Settings
-from engine.config_file import ConfigFile
+from engine.config_file import ConfigFile, McpServerConfig
 from engine.db import DatabaseConfig, parse_database_url
 
 CHECK_TIMEOUT_S = 5.0
@@ -68,7 +70,8 @@ class CheckFailed(Exception):
     """A check's one-line reason to fail."""
 
 
-Check = tuple[str, Callable[[], Awaitable[str]]]
+Check = tuple[str, Callable[[], Awaitable[str]], float]
+"""A check's name, the check and how long it may take."""
 
 
 def one_line(text: object) -> str:
@@ -259,13 +262,11 @@ async def check_model(settings: Settings) -> str:
 # --- MCP servers --------------------------------------------------------------------
 
 
-async def check_mcp(name: str, config: ConfigFile) -> str:
+async def check_mcp(name: str, spec: McpServerConfig) -> str:
     from tools.errors import ToolError
     from tools.mcp import McpSource
 
-    server = dataclasses.replace(
-        mcp_server(name, config.tools.mcp[name]), connect_timeout_s=CHECK_TIMEOUT_S / 2
-    )
+    server = mcp_server(name, spec)
     source = McpSource(server)
     try:
         tools = await source.open()  # McpLoadError: unreachable, allowlist not served
@@ -289,26 +290,30 @@ async def check_mcp(name: str, config: ConfigFile) -> str:
 def checks(settings: Settings, config: ConfigFile | None, manifest: str | None) -> list[Check]:
     slack = Slack(settings)
     found: list[Check] = [
-        ("database", lambda: check_database(settings)),
-        ("clock", lambda: check_clock(settings)),
-        ("slack token", slack.token),
-        ("slack scopes", lambda: slack.scopes(manifest)),
-        ("signing secret", lambda: check_signing_secret(settings)),
-        ("model", lambda: check_model(settings)),
+        ("database", lambda: check_database(settings), CHECK_TIMEOUT_S),
+        ("clock", lambda: check_clock(settings), CHECK_TIMEOUT_S),
+        ("slack token", slack.token, CHECK_TIMEOUT_S),
+        ("slack scopes", lambda: slack.scopes(manifest), CHECK_TIMEOUT_S),
+        ("signing secret", lambda: check_signing_secret(settings), CHECK_TIMEOUT_S),
+        ("model", lambda: check_model(settings), CHECK_TIMEOUT_S),
     ]
-    if config is not None:
-        found += [(f"mcp {name}", partial(check_mcp, name, config)) for name in config.tools.mcp]
+    servers = config.tools.mcp if config is not None else {}
+    for name, spec in servers.items():
+        # The connect (start, initialize, first listing) as serve allows it, then the
+        # second listing within the usual check time.
+        allowed = mcp_server(name, spec).connect_timeout_s + CHECK_TIMEOUT_S
+        found.append((f"mcp {name}", partial(check_mcp, name, spec), allowed))
     return found
 
 
-async def _run(name: str, check: Callable[[], Awaitable[str]]) -> Result:
+async def _run(name: str, check: Callable[[], Awaitable[str]], allowed_s: float) -> Result:
     try:
-        async with asyncio.timeout(CHECK_TIMEOUT_S):
+        async with asyncio.timeout(allowed_s):
             return Result(name, True, await check())
     except CheckFailed as exc:
         return Result(name, False, str(exc))
     except TimeoutError:
-        return Result(name, False, f"no answer within {CHECK_TIMEOUT_S:g} s")
+        return Result(name, False, f"no answer within {allowed_s:g} s")
     except Exception as exc:  # a check's own failure is its line, never a traceback
         return Result(name, False, one_line(exc) or type(exc).__name__)
 
@@ -329,7 +334,7 @@ async def run_doctor(
 ) -> int:
     """Run every check; print one line each, in order; 1 if any failed, else 0."""
     todo = checks(settings, config, manifest)
-    results = await asyncio.gather(*(_run(name, check) for name, check in todo))
+    results = await asyncio.gather(*(_run(*check) for check in todo))
     width = max(len(r.name) for r in results)
     for result in results:
         out(scrub(result.line(width), secrets))
