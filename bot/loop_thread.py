@@ -63,16 +63,25 @@ class AnswersFirst:
     """Answers to Slack before background runs.
 
     The serving loop counts the requests it is answering (``answering``); the worker
-    awaits ``quiet`` on its loop before each run. A burst of mentions thus gets its
-    acknowledgements out first (each has a 3 s deadline) and the runs it started follow;
-    ``max_defer_s`` bounds the wait, so a steady stream of requests never starves them.
+    awaits ``quiet`` on its loop before each run and each step. A burst of mentions thus
+    gets its acknowledgements out first (each has a 3 s deadline) and the runs it
+    started follow. Quiet means no request for ``settle_s``: the requests of a burst
+    come back to back, and a run let in between two of them would hold the interpreter
+    while the next waits. ``max_defer_s`` bounds the wait, so a steady stream of
+    requests never starves the runs.
     """
 
-    def __init__(self, thread: LoopThread, max_defer_s: float = 2.0) -> None:
+    def __init__(
+        self, thread: LoopThread, max_defer_s: float = 2.0, settle_s: float = 0.01
+    ) -> None:
         self._thread = thread
         self.max_defer_s = max_defer_s
+        self.settle_s = settle_s
         self.in_flight = 0
-        self._quiet: asyncio.Event | None = None  # lives on the worker loop
+        # On the worker loop: one event all waiters share (set once per calm, so a
+        # burst does not wake every waiting run at each gap), and the settling timer.
+        self._calm: asyncio.Event | None = None
+        self._settling: asyncio.TimerHandle | None = None
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -88,23 +97,36 @@ class AnswersFirst:
                 self._thread.call(self._update)
 
     def _event(self) -> asyncio.Event:
-        if self._quiet is None:
-            self._quiet = asyncio.Event()
-            self._update()
-        return self._quiet
+        if self._calm is None:
+            # Not calm yet: an answer may have just been given (this call may be the one
+            # it made); calm comes with the settling time after the count is zero.
+            self._calm = asyncio.Event()
+            if not self.in_flight:
+                self._settling = self._thread.loop.call_later(self.settle_s, self._settled)
+        return self._calm
 
     def _update(self) -> None:
-        # Reads the count now: calls may arrive late, but the last one is right.
-        event = self._event()
+        # Reads the count now: calls may arrive late, but the last one is right. Each
+        # change of the count restarts the settling time.
+        calm = self._event()
+        if self._settling is not None:
+            self._settling.cancel()
+            self._settling = None
         if self.in_flight:
-            event.clear()
-        else:
-            event.set()
+            calm.clear()
+        elif not calm.is_set():
+            self._settling = self._thread.loop.call_later(self.settle_s, self._settled)
+
+    def _settled(self) -> None:
+        self._settling = None
+        if not self.in_flight:  # else the call that counted it is on its way
+            self._event().set()
 
     async def quiet(self) -> None:
-        """Return once no request is being answered, or after ``max_defer_s``."""
-        event = self._event()
-        if event.is_set():
+        """Return once no request has been answered for ``settle_s``, or after
+        ``max_defer_s``."""
+        calm = self._event()
+        if calm.is_set():
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), self.max_defer_s)
+            await asyncio.wait_for(calm.wait(), self.max_defer_s)

@@ -169,7 +169,7 @@ async def _background(
     try:
         await open_sources(sources, tools)
         try:
-            store = await Store.open(settings.database_url)
+            store = await Store.open(settings.database_url, origin=owner)
         except BaseException:
             await close_sources(sources)
             raise
@@ -284,12 +284,13 @@ async def start_runtime(
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     thread = LoopThread()
     priority = AnswersFirst(thread)
+    owner = worker_id()
     try:
         background = await thread.run(
             _background(
                 settings,
                 token,
-                worker_id(),
+                owner,
                 make_model,
                 priority,
                 tools,
@@ -302,7 +303,8 @@ async def start_runtime(
         await thread.stop()
         raise
     try:
-        store = await Store.open(settings.database_url)
+        # The worker's origin: what the listeners append, they kick it for (engine.store).
+        store = await Store.open(settings.database_url, origin=owner)
     except BaseException:
         await thread.run(background.close(1))
         await thread.stop()

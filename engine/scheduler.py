@@ -100,9 +100,11 @@ class Dispatcher:
         try:
             while True:
                 self._again.discard(thread_id)
-                if self._gate is not None:
-                    await self._gate()
                 async with self._limit:
+                    # The gate inside the slot: a run that waited for a slot while answers
+                    # began to be given waits for them too.
+                    if self._gate is not None:
+                        await self._gate()
                     try:
                         await self._run(thread_id)
                     except Exception:

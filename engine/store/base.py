@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import secrets
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -167,15 +168,29 @@ class Store(abc.ABC):
             cls = _backend(config.dialect)
         return super().__new__(cls)
 
-    def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        config: DatabaseConfig,
+        *,
+        pool_size: int = 10,
+        origin: str | None = None,
+    ):
         self.engine = engine
         self.config = config
+        # Who appends through this store: a worker registered on a store of the same
+        # origin ignores the wake-ups (NOTIFY) of these appends; the front door that
+        # made them kicks it. One per process (the serving and the worker loop's
+        # stores share it); a store of its own by default.
+        self.origin = origin or secrets.token_hex(8)
 
     @classmethod
-    async def open(cls, url: str, *, create: bool = True, pool_size: int = 10) -> Store:
+    async def open(
+        cls, url: str, *, create: bool = True, pool_size: int = 10, origin: str | None = None
+    ) -> Store:
         """Connect (and create missing tables); unreachable: ``StoreUnavailable``."""
         config = parse_database_url(url)
-        store = cls(create_engine(config), config, pool_size=pool_size)
+        store = cls(create_engine(config), config, pool_size=pool_size, origin=origin)
         try:
             if create:
                 await store.create_tables()
@@ -527,8 +542,8 @@ class Store(abc.ABC):
     ) -> None:
         """Hold ``worker_id``'s proof of life for as long as this store is open, record
         its row, and forget rows of dead workers that hold no lease. ``on_runnable``:
-        call it when another session makes a thread runnable (PostgreSQL; SQLite has
-        no cross-process notification and leaves it to the sweep)."""
+        call it when a store of another origin makes a thread runnable (PostgreSQL;
+        SQLite has no cross-process notification and leaves it to the sweep)."""
 
     @abc.abstractmethod
     async def beat_worker(self, worker_id: str, now: datetime) -> bool:
@@ -615,6 +630,8 @@ def _backend(dialect: str) -> type[Store]:
         raise ValueError(f"no store backend for {dialect!r}") from None  # a bug: URLs are parsed
 
 
-async def open_store(url: str, *, create: bool = True, pool_size: int = 10) -> Store:
+async def open_store(
+    url: str, *, create: bool = True, pool_size: int = 10, origin: str | None = None
+) -> Store:
     """The backend for ``url``, connected (as DBOS's ``SystemDatabase.create``)."""
-    return await Store.open(url, create=create, pool_size=pool_size)
+    return await Store.open(url, create=create, pool_size=pool_size, origin=origin)

@@ -49,15 +49,18 @@ T = TypeVar("T")
 # never for an append that did not happen), when the thread becomes runnable: $8 is
 # its new status, $12 its id; ``became`` says it was not runnable before. Sub-statements
 # of one WITH see the same snapshot: the SELECT of threads reads the row as it was.
+# The payload is ``<thread id> <origin>``, the origin being the appending store's
+# (``Store.origin``, $17): a worker ignores what its own process appended, since the
+# front door kicked it already (hearing it too was a second run per input).
+# A new thread notifies nobody: its creator kicks its own worker, and no other process
+# can hold it. A commit that notified takes PostgreSQL's one notification-queue lock,
+# so notifying every mention serialised a burst's commits (bench/slack_ack.py).
 RUNNABLE_CHANNEL = "opsloop_runnable:"
-_WAKE = f"""CASE WHEN $8 = 'running' AND {{became}}
-    THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'), $12::text)
+_WAKE = f"""CASE WHEN $8 = 'running' AND EXISTS (SELECT FROM moved)
+    AND (SELECT status FROM threads WHERE id = $12) IS DISTINCT FROM 'running'
+    THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'),
+        $12::text || ' ' || $17::text)
     END AS woke"""
-_WAKE_MOVED = _WAKE.format(
-    became="EXISTS (SELECT FROM moved)"
-    " AND (SELECT status FROM threads WHERE id = $12) IS DISTINCT FROM 'running'"
-)
-_WAKE_CREATED = _WAKE.format(became="count(*) = 1")
 # ``$V`` is the events' schema versions, the last argument of each statement.
 _EVENTS_FROM_ARRAYS = """
 unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $V::int[])
@@ -69,7 +72,8 @@ _INSERT_EVENTS = """
 """
 # Both appends: $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status,
 # wake_at, requester, updated_at; $12 its id. Then $13 expected_seq, $14 the inputs'
-# dedupe keys, $15 the snapshot (NULL: none due), $16 the events' schema versions.
+# dedupe keys, $15 the snapshot (NULL: none due), $16 the events' schema versions,
+# $17 the origin.
 APPEND_SQL = f"""
 WITH stored AS (
     SELECT {EVENT_COLUMNS} FROM events
@@ -90,7 +94,7 @@ WITH stored AS (
     SELECT moved.id, $7, $15::text FROM moved WHERE $15::text IS NOT NULL
     ON CONFLICT (thread_id) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state
 )
-SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {_WAKE_MOVED}
+SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {_WAKE}
 FROM (SELECT) AS one LEFT JOIN stored ON true
 """
 # A new thread already at its state, with its first events and any snapshot:
@@ -111,7 +115,7 @@ WITH created AS (
     INSERT INTO snapshots (thread_id, seq, state)
     SELECT created.id, $7, $16::text FROM created WHERE $16::text IS NOT NULL
 )
-SELECT count(*), {_WAKE_CREATED} FROM created
+SELECT count(*) FROM created
 """
 CREATE_THREAD_SQL = """
 WITH created AS (
@@ -327,11 +331,13 @@ class _Presence:
         worker_id: str,
         where: tuple[str, int],
         on_runnable: OnRunnable | None,
+        origin: str,
     ) -> None:
         self._connect = connect
         self.worker_id = worker_id
         self._where = where
         self._on_runnable = on_runnable
+        self._origin = origin  # notifications of this origin are our own
         self._conn: asyncpg.Connection | None = None
 
     async def open(self, now: datetime) -> None:
@@ -350,8 +356,9 @@ class _Presence:
         self._conn = conn
 
     def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if self._on_runnable is not None:
-            self._on_runnable(payload)
+        thread_id, _, origin = payload.partition(" ")
+        if self._on_runnable is not None and origin != self._origin:
+            self._on_runnable(thread_id)
 
     async def beat(self, now: datetime) -> bool:
         conn = self._conn
@@ -385,8 +392,15 @@ class _Presence:
 class PostgresStore(Store):
     DOWN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, *_SERVER_DOWN, OSError)
 
-    def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
-        super().__init__(engine, config)
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        config: DatabaseConfig,
+        *,
+        pool_size: int = 10,
+        origin: str | None = None,
+    ):
+        super().__init__(engine, config, origin=origin)
         dsn = config.url.set(drivername="postgresql").render_as_string(hide_password=False)
         settings = {"search_path": config.schema} if config.schema else None
         # Reads share this pool with the writes (they had a pool of their own): room
@@ -492,7 +506,9 @@ class PostgresStore(Store):
                 )
                 return "written" if created == 1 else "moved"
             found = await self._run(
-                lambda c: c.fetchrow(APPEND_SQL, *args, expected_seq, keys, snapshot, versions)
+                lambda c: c.fetchrow(
+                    APPEND_SQL, *args, expected_seq, keys, snapshot, versions, self.origin
+                )
             )
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
@@ -542,7 +558,7 @@ class PostgresStore(Store):
         now: datetime,
         on_runnable: OnRunnable | None = None,
     ) -> None:
-        presence = _Presence(self._connect, worker_id, (host, pid), on_runnable)
+        presence = _Presence(self._connect, worker_id, (host, pid), on_runnable, self.origin)
         with self._mapped():
             await presence.open(now)
         self._presences[worker_id] = presence

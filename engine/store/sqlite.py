@@ -387,8 +387,15 @@ async def release(db: Database) -> None:
 class SqliteStore(Store):
     DOWN = (sqlite3.OperationalError, OSError)
 
-    def __init__(self, engine: AsyncEngine, config: DatabaseConfig, *, pool_size: int = 10):
-        super().__init__(engine, config)
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        config: DatabaseConfig,
+        *,
+        pool_size: int = 10,
+        origin: str | None = None,
+    ):
+        super().__init__(engine, config, origin=origin)
         self._db: Database | None = shared_database(config.url.database or ":memory:")
         # Proof of life of the workers on this file; none for an in-memory database
         # (one process: its leases simply expire).

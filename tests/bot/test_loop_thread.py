@@ -51,3 +51,29 @@ async def test_a_steady_stream_of_requests_does_not_starve_runs():
             assert 0.25 <= time.monotonic() - started < 3
     finally:
         await thread.stop()
+
+
+async def test_runs_wait_until_no_answer_has_been_given_for_the_settling_time():
+    """A burst's requests come back to back: a run let in between two of them would
+    hold the interpreter while the next one waits."""
+    thread = LoopThread()
+    priority = AnswersFirst(thread, max_defer_s=5, settle_s=0.2)
+
+    async def quiet_then_time() -> float:
+        await priority.quiet()
+        return time.monotonic()
+
+    try:
+        with priority.answering():
+            waiting = [asyncio.ensure_future(thread.run(quiet_then_time())) for _ in range(3)]
+        for _ in range(4):  # answers 0.1 s apart: each one restarts the settling time
+            await asyncio.sleep(0.1)
+            assert not any(w.done() for w in waiting)
+            with priority.answering():
+                await asyncio.sleep(0)
+        last_answer = time.monotonic()
+        released = await asyncio.wait_for(asyncio.gather(*waiting), 3)
+        assert all(at - last_answer >= 0.19 for at in released)
+        await asyncio.wait_for(thread.run(priority.quiet()), 1)  # calm now: at once
+    finally:
+        await thread.stop()

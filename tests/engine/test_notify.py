@@ -1,6 +1,8 @@
 """Wake-ups across replicas (PostgreSQL LISTEN/NOTIFY): an input stored through one
 store wakes a worker listening through another at once, not at its next sweep; the
-listening session, lost, is opened again and hears the next one."""
+listening session, lost, is opened again and hears the next one; a worker does not
+hear what its own process stored (its front door kicked it), nor a new thread (its
+creator runs it)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,33 @@ from tools import ToolRegistry
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SWEEP_S = 30.0  # only a notification can explain a wake-up within the test's bounds
+
+
+async def resting_thread(url: str, root_ts: str) -> str:
+    """A thread another replica has answered and left at rest (idle)."""
+    store = await Store.open(url)
+    try:
+        posted = await post_user_message(
+            store, ThreadKey("T", "C", root_ts), text="hi", user="U1", dedupe_key=root_ts
+        )
+        await Runner(store, ScriptedModel([say("hello")]), ToolRegistry()).run(posted.thread_id)
+        assert (await store.get_thread(posted.thread_id)).status == "idle"
+        return posted.thread_id
+    finally:
+        await store.close()
+
+
+async def reply(url: str, root_ts: str, *, origin: str | None = None) -> str:
+    """A person's reply in the thread at ``root_ts``, stored by a front door whose
+    store has ``origin`` (None: a store of its own, as another replica's)."""
+    front_door = await Store.open(url, create=False, origin=origin)
+    try:
+        posted = await post_user_message(
+            front_door, ThreadKey("T", "C", root_ts), text="more", user="U1", dedupe_key="r"
+        )
+        return posted.thread_id
+    finally:
+        await front_door.close()
 
 
 @contextlib.asynccontextmanager
@@ -70,19 +99,45 @@ async def lock_holder(admin: asyncpg.Connection, worker_id: str) -> int | None:
 
 
 async def test_an_input_stored_elsewhere_wakes_the_listening_worker_at_once(pg_url):
+    thread_id = await resting_thread(pg_url, "1.0")
     async with listening_worker(pg_url) as (_, ran):
-        other = await Store.open(pg_url, create=False)  # another replica's front door
+        assert await reply(pg_url, "1.0") == thread_id  # another replica's front door
+        store = await Store.open(pg_url, create=False)
+        try:
+            await wait_ran(store, ran, thread_id, within=10)  # the sweep: 30 s away
+        finally:
+            await store.close()
+        assert ran == [thread_id]
+
+
+async def test_a_worker_does_not_hear_what_its_own_process_stored(pg_url):
+    """The front door of the worker's own process kicked it: hearing the input too
+    would run the thread a second time."""
+    thread_id = await resting_thread(pg_url, "4.0")
+    async with listening_worker(pg_url) as (worker, ran):
+        await reply(pg_url, "4.0", origin=worker.runner.store.origin)
+        await asyncio.sleep(1.0)  # a notification arrives in milliseconds
+        assert ran == []
+        assert (await worker.runner.store.get_thread(thread_id)).status == "running"
+
+
+async def test_a_new_thread_notifies_nobody(pg_url):
+    """Its creator runs it; no other process can hold it."""
+    async with listening_worker(pg_url) as (_, ran):
+        other = await Store.open(pg_url, create=False)
         try:
             posted = await post_user_message(
-                other, ThreadKey("T", "C", "1.0"), text="hi", user="U1", dedupe_key="e1"
+                other, ThreadKey("T", "C", "5.0"), text="hi", user="U1", dedupe_key="e5"
             )
-            await wait_ran(other, ran, posted.thread_id, within=10)  # the sweep: 30 s away
-            assert ran == [posted.thread_id]
+            await asyncio.sleep(1.0)
+            assert ran == []
+            assert (await other.get_thread(posted.thread_id)).status == "running"
         finally:
             await other.close()
 
 
 async def test_the_listening_session_lost_is_opened_again_and_hears_the_next_input(pg_url):
+    thread_id = await resting_thread(pg_url, "2.0")
     admin = await asyncpg.connect(PG_URL, timeout=5)
     try:
         async with listening_worker(pg_url) as (worker, ran):
@@ -104,29 +159,24 @@ async def test_the_listening_session_lost_is_opened_again_and_hears_the_next_inp
             # the new session's LISTEN can explain what follows.
             await asyncio.sleep(0.3)
 
-            other = await Store.open(pg_url, create=False)
-            try:
-                posted = await post_user_message(
-                    other, ThreadKey("T", "C", "2.0"), text="hi", user="U1", dedupe_key="e2"
-                )
-                await wait_ran(other, ran, posted.thread_id, within=10)
-            finally:
-                await other.close()
-            assert ran == [posted.thread_id]
+            assert await reply(pg_url, "2.0") == thread_id
+            await wait_ran(worker.runner.store, ran, thread_id, within=10)
+            assert ran == [thread_id]
     finally:
         await admin.close()
 
 
-async def test_only_an_append_that_makes_a_thread_runnable_notifies(pg_url):
-    """Inputs notify; the runner's own appends while the thread runs do not."""
+async def test_only_an_append_that_makes_a_resting_thread_runnable_notifies(pg_url):
+    """A reply reopening an answered thread notifies, naming the thread and the
+    storing store's origin; the new thread, the runner's own appends and a redelivered
+    reply do not."""
     store = await Store.open(pg_url)
     heard: list[str] = []
-    two = asyncio.Event()
+    one = asyncio.Event()
 
     def hear(_conn: object, _pid: int, _channel: str, payload: str) -> None:
         heard.append(payload)
-        if len(heard) >= 2:
-            two.set()
+        one.set()
 
     listener = await asyncpg.connect(PG_URL, timeout=5)
     try:
@@ -144,10 +194,10 @@ async def test_only_an_append_that_makes_a_thread_runnable_notifies(pg_url):
             store, ThreadKey("T", "C", "3.0"), text="more", user="U1", dedupe_key="e4"
         )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(two.wait(), 5)
+            await asyncio.wait_for(one.wait(), 5)
         await asyncio.sleep(0.3)  # room for one that should not come
     finally:
         await listener.close()
         await store.close()
     assert again.thread_id == dup.thread_id == posted.thread_id
-    assert heard == [posted.thread_id, posted.thread_id]  # the new thread, the reopen
+    assert heard == [f"{posted.thread_id} {store.origin}"]  # the reopen only
