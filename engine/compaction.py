@@ -25,11 +25,25 @@ HUMAN_WIDTH = 300
 STEP_WIDTH = 100
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Line:
-    seq: int
+    """One event's line of a future summary, written only if a summary is made (most
+    threads never compact; every step of every thread would pay for it)."""
+
+    event: ev.Event
     keep: bool
-    text: str
+    said: Said
+    _text: str | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = _line_text(self.event, self.keep, self.said)
+        return self._text
 
 
 Said = Callable[[ev.UserMessage | ev.ClarificationAnswered], str]
@@ -59,15 +73,7 @@ class Digest:
         role = e.facts.summary
         if role == "omitted":
             return
-        keep = role == "kept"
-        text = one_line(f"seq {e.seq} {e.actor} {e.type}: {summarize(e)}", STEP_WIDTH)
-        if keep:
-            if isinstance(e, ev.UserMessage | ev.ClarificationAnswered):
-                words = self.said(e) or summarize(e)
-            else:
-                words = getattr(e, "reason", None) or summarize(e)
-            text = one_line(f"seq {e.seq} {e.actor} {e.type}: {words}", HUMAN_WIDTH)
-        self.lines.append(_Line(e.seq, keep, text))
+        self.lines.append(_Line(e, role == "kept", self.said))
 
     def restart(self, compacted: ev.ContextCompacted) -> None:
         """After a compaction, its summary stands for everything up to ``upto_seq``."""
@@ -104,3 +110,13 @@ class Digest:
         if omitted:
             body.insert(0, f"… {omitted} earlier steps omitted …")
         return "\n".join([*head, "Steps:", *body] if body else head)
+
+
+def _line_text(e: ev.Event, keep: bool, said: Said) -> str:
+    if not keep:
+        return one_line(f"seq {e.seq} {e.actor} {e.type}: {summarize(e)}", STEP_WIDTH)
+    if isinstance(e, ev.UserMessage | ev.ClarificationAnswered):
+        words = said(e) or summarize(e)
+    else:
+        words = getattr(e, "reason", None) or summarize(e)
+    return one_line(f"seq {e.seq} {e.actor} {e.type}: {words}", HUMAN_WIDTH)

@@ -42,6 +42,9 @@ class Tool:
     # Hints the tool's server gave (MCP annotations); never a policy by themselves.
     annotations: dict[str, Any] = field(default_factory=dict)
     _schema: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    # The definition hash and the (name, description) it was computed for: every call
+    # asks for it twice (recorded, then compared before the run).
+    _hash: tuple[str, str, str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -50,30 +53,35 @@ class Tool:
     def use_schema(self, schema: dict[str, Any]) -> None:
         """Show the model ``schema`` as it is (a tool defined by a JSON Schema)."""
         self._schema = copy.deepcopy(schema)
+        self._hash = None
 
     @property
     def definition_hash(self) -> str:
         """sha256 of (name, description, input schema): what an approval pins."""
-        canon = json.dumps(
-            [self.name, self.description, self.input_schema()],
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(canon.encode()).hexdigest()
+        if self._hash is None or self._hash[:2] != (self.name, self.description):
+            canon = json.dumps(
+                [self.name, self.description, self._built_schema()],
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+            digest = hashlib.sha256(canon.encode()).hexdigest()
+            self._hash = (self.name, self.description, digest)
+        return self._hash[2]
 
     def input_schema(self) -> dict[str, Any]:
-        """JSON schema of the arguments, shaped for an Anthropic ``input_schema``.
+        """JSON schema of the arguments, shaped for an Anthropic ``input_schema``; a
+        copy the caller may change."""
+        return copy.deepcopy(self._built_schema())
 
-        Built once (pydantic's schema generation costs about a millisecond and every
-        model turn needs it); callers get a copy they may change.
-        """
+    def _built_schema(self) -> dict[str, Any]:
+        # Built once: pydantic's schema generation costs about a millisecond.
         if self._schema is None:
             schema = dict(self.args_model.model_json_schema())
             schema.pop("title", None)
             schema["type"] = "object"
             schema.setdefault("properties", {})
             self._schema = schema
-        return copy.deepcopy(self._schema)
+        return self._schema
 
     def parse_arguments(self, arguments: dict) -> BaseModel:
         """Validate raw model-supplied arguments (raises pydantic ValidationError)."""
