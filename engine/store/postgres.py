@@ -76,8 +76,15 @@ _INSERT_EVENTS = """
 # $17 the origin.
 APPEND_SQL = f"""
 WITH stored AS (
-    SELECT {EVENT_COLUMNS} FROM events
-    WHERE thread_id = $12 AND dedupe_key = ANY($14::text[])
+    -- The keys are looked up by their own index (OFFSET 0 keeps the planner from
+    -- walking the thread's every event in seq order to find the first match), and not
+    -- at all for the runner's appends, which carry none.
+    SELECT {EVENT_COLUMNS} FROM (
+        SELECT * FROM events
+        WHERE cardinality($14::text[]) > 0
+            AND thread_id = $12 AND dedupe_key = ANY($14::text[])
+        OFFSET 0
+    ) AS keyed
     ORDER BY seq LIMIT 1
 ), moved AS (
     UPDATE threads
