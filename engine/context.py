@@ -312,6 +312,7 @@ class Projector:
         self._head = _canon([version, self.system, self.tools])
         self._conv = _Conversation()
         self._settled: list[str] = []  # canonical JSON of messages that can no longer change
+        self._hashed = _Hashed(self._head)  # the head and settled messages, hashed so far
         self._boundaries: dict[int, int] = {}  # seq the model was asked after -> message index
         self._upto = 0  # what the latest compaction summarised
         self.digest = compaction.Digest(lambda e: words(e, version))
@@ -322,6 +323,7 @@ class Projector:
         self._conv.messages = [_summary_message(compacted)]
         self._boundaries = {compacted.upto_seq: 1}
         self._settled = []
+        self._hashed = _Hashed(self._head)
         self._upto = compacted.upto_seq
         self.digest.restart(compacted)
         return self
@@ -358,6 +360,7 @@ class Projector:
         }
         self._boundaries[e.upto_seq] = 1
         self._settled = []
+        self._hashed = _Hashed(self._head)
         self._upto = e.upto_seq
         self.digest.restart(e)
 
@@ -388,12 +391,12 @@ class Projector:
         settled = max(0, len(conv.messages) - 1)
         while len(self._settled) < settled:
             self._settled.append(_canon(conv.messages[len(self._settled)]))
-        digest = hashlib.sha256(self._head.encode())
-        size = len(self._head)
-        # The marked copy of messages[-2] is hashed as sent; the rest as settled.
-        parts = [*self._settled[: max(0, len(messages) - 2)]]
-        parts += [_canon(m) for m in messages[len(parts) :]]
-        for part in parts:
+        # The marked copy of messages[-2] is hashed as sent; the rest as settled. The
+        # settled prefix grows with the thread, so it is hashed once, not every turn.
+        prefix = max(0, len(messages) - 2)
+        self._hashed.extend(self._settled, prefix)
+        digest, size = self._hashed.digest.copy(), self._hashed.size
+        for part in (_canon(m) for m in messages[prefix:]):
             digest.update(b"\n")
             digest.update(part.encode())
             size += len(part) + 1
@@ -407,6 +410,28 @@ class Projector:
             tool_names=self.tool_names,
             tools_hash=self.tools_hash,
         )
+
+
+class _Hashed:
+    """sha256 of the head and the first ``count`` settled messages, each after a newline."""
+
+    def __init__(self, head: str) -> None:
+        self.head = head
+        self._start()
+
+    def _start(self) -> None:
+        self.digest = hashlib.sha256(self.head.encode())
+        self.size = len(self.head)
+        self.count = 0
+
+    def extend(self, settled: list[str], count: int) -> None:
+        if count < self.count:  # never expected (the prefix only grows): start again
+            self._start()
+        for part in settled[self.count : count]:
+            self.digest.update(b"\n")
+            self.digest.update(part.encode())
+            self.size += len(part) + 1
+        self.count = count
 
 
 def _summary_message(e: ev.ContextCompacted) -> dict[str, Any]:
