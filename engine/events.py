@@ -291,7 +291,9 @@ class ReconcileDecided(Event):
     or ``abandon`` (it did not happen: an error result)."""
 
     type: Literal["reconcile_decided"] = "reconcile_decided"
-    facts = Facts(input=True, people="card", model=True, summary="omitted")
+    # Kept in summaries, as a reviewer's rejection is: it is the only word on whether
+    # the effect happened, and the model must not lose it to a compaction.
+    facts = Facts(input=True, people="card", model=True, summary="kept")
     tool_call_id: str
     decision: ReconcileDecision
     reviewer: str

@@ -89,3 +89,26 @@ def test_a_summary_keeps_people_and_drops_old_steps_within_its_cap():
     assert "careful with prod" in text
     assert "earlier steps omitted" in text
     assert "seq 399" in text  # the newest steps are the ones kept
+
+
+def test_a_person_s_word_on_an_unknown_outcome_survives_a_summary():
+    """Whether the effect happened is a person's word; a compaction must keep it."""
+    digest = Digest()
+    digest.add(ev.UserMessage(seq=1, actor="U1", text="restart shard 3"))
+    digest.add(
+        ev.ReconcileDecided(
+            seq=2,
+            actor="U2",
+            tool_call_id="c2",
+            decision="happened",
+            reviewer="U2",
+            note="the shard came back at 10:02",
+        )
+    )
+    for seq in range(3, 400):
+        digest.add(
+            ev.ToolResult(seq=seq, tool_call_id=f"c{seq}", attempt=1, ok=True, output="x" * 90)
+        )
+    text = digest.summary(400)
+    assert "c2: it happened (by U2)" in text
+    assert "the shard came back at 10:02" in text
