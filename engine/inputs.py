@@ -287,7 +287,22 @@ async def check_decision(
 ) -> Decidable | Refused:
     """Ask before deciding (the reject button opens a modal first): ``Decidable`` stores
     nothing; a refusal is recorded as :func:`decide_approval` would record it."""
+    return await _checked(
+        store, thread_id, tool_call_id, decider, decision, policy, arguments_hash, dedupe_key, now
+    )
 
+
+async def _checked(
+    store: Store,
+    thread_id: str,
+    tool_call_id: str,
+    decider: Decider,
+    decision: ev.RefusedDecision,
+    policy: ApproverPolicy,
+    arguments_hash: str | None,
+    dedupe_key: str | None,
+    now: datetime | None,
+) -> Decidable | Refused:
     async def once() -> Decidable | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
             if isinstance(seen, ev.ApprovalRefused):
@@ -365,21 +380,15 @@ async def check_reconcile(
     decider: Decider,
     policy: ApproverPolicy,
     arguments_hash: str | None = None,
+    dedupe_key: str | None = None,
     now: datetime | None = None,
-) -> str | None:
-    """None if ``decider`` may reconcile the call now (asked before opening the note
-    modal; stores nothing); else why not, in a sentence. The three decisions share one
-    rule, so one answer covers them."""
-    state = await store.load(thread_id)
-    return await may_decide(
-        store,
-        state,
-        decider,
-        "happened",
-        policy,
-        tool_call_id=tool_call_id,
-        arguments_hash=arguments_hash,
-        now=now,
+) -> Decidable | Refused:
+    """Ask before opening the note modal (It happened): ``Decidable`` stores nothing; a
+    refusal is recorded as :func:`decide_reconcile` would record it, so the audit sees
+    a refused click whichever button it was. The three decisions share one rule, so one
+    answer covers them."""
+    return await _checked(
+        store, thread_id, tool_call_id, decider, "happened", policy, arguments_hash, dedupe_key, now
     )
 
 

@@ -2,9 +2,10 @@
 whose outcome is unknown.
 
 **It happened** asks the engine first (``check_reconcile``: may this person decide now)
-and opens the note modal, storing nothing; its submission decides ``happened`` with the
-note. **Run it again** and **It did not happen** decide at once. Every decision is
-``decide_reconcile`` on exactly the call the card names; a refusal is raised as
+and opens the note modal, storing nothing (a refusal is recorded, as every refused click
+is); its submission decides ``happened`` with the note. **Run it again** and **It did
+not happen** decide at once. Every decision is ``decide_reconcile`` on exactly the call
+the card names; a refusal is raised as
 :class:`~bot.refusals.Refusal` and told by the wrapper it is registered with.
 """
 
@@ -32,24 +33,24 @@ async def on_happened(
     d, clicked = Deps.of(context), click_of(body)
     binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
-    why = await check_reconcile(
+    checked = await check_reconcile(
         d.store,
         binding.thread_id,
         tool_call_id=binding.tool_call_id,
         decider=decider,
         policy=d.approvers,
         arguments_hash=binding.arguments_hash,
+        dedupe_key=f"click:{clicked.action_ts}",
     )
-    if why is not None:
-        raise Refusal.because(why)
-    call = (await d.store.load(binding.thread_id)).pending
+    if isinstance(checked, Refused):
+        raise Refusal.because(checked.reason)
     await ack()
     # The trigger id expires 3 s after the click: open the modal now.
     modal = note_modal(
         thread_id=binding.thread_id,
         tool_call_id=binding.tool_call_id,
         arguments_hash=binding.arguments_hash,
-        tool_name=call.intent if call is not None else "the call",
+        tool_name=checked.intent,
     )
     d.background.spawn("views.open", client.views_open(trigger_id=clicked.trigger_id, view=modal))
 

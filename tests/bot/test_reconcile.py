@@ -272,7 +272,12 @@ async def test_someone_not_on_the_calls_approvers_is_refused_privately(
     state = await store.load(tid)
     assert state.status == "awaiting_reconcile"
     refused = [e for e in await store.select_events(tid) if isinstance(e, ev.ApprovalRefused)]
-    assert [(r.actor, r.decision) for r in refused] == [(EVE, "retry"), (ANN, "abandon")]
+    # Every refused click is in the audit, It happened's too (refused before its modal).
+    assert [(r.actor, r.decision) for r in refused] == [
+        (EVE, "retry"),
+        (ANN, "abandon"),
+        (EVE, "happened"),
+    ]
     assert ephemerals(slack, EVE) == ["Nothing changed: you are not on the approvers list."] * 2
     assert "self-approval is turned off" in ephemerals(slack, ANN)[0]
     assert slack.calls_to("views.open") == []

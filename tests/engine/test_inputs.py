@@ -13,6 +13,7 @@ from engine import events as ev
 from engine.errors import ThreadNotFound
 from engine.inputs import (
     Accepted,
+    Decidable,
     Decider,
     Org,
     Refused,
@@ -509,10 +510,11 @@ async def test_reconcile_by_a_reviewer_of_the_call(
     store: Store, decision: ev.ReconcileDecision
 ) -> None:
     tid = await unknown_thread(store)
-    assert (
-        await check_reconcile(store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN)
-        is None
+    checked = await check_reconcile(
+        store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN
     )
+    assert isinstance(checked, Decidable) and checked.tool_call_id == CALL
+    assert (await store.load(tid)).status == "awaiting_reconcile"  # nothing stored
     done = await reconcile(
         store, tid, Decider(CAROL), decision, note=" restarted by hand ", dedupe_key="v1"
     )
@@ -531,10 +533,20 @@ async def test_reconcile_by_a_reviewer_of_the_call(
 async def test_reconcile_is_refused_to_others_and_to_the_requester(store: Store) -> None:
     tid = await unknown_thread(store)
     for who, why in ((BOSS, "not on the approvers list"), (REQ, "self-approval")):
+        # Refused before the note modal opens: recorded as any refused click is.
+        before = (await store.load(tid)).last_seq
         why_not = await check_reconcile(
-            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN
+            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN, dedupe_key=who
         )
-        assert why_not is not None and why in why_not
+        assert isinstance(why_not, Refused) and why in why_not.reason
+        assert isinstance(why_not.event, ev.ApprovalRefused)
+        assert why_not.event.decision == "happened" and why_not.event.actor == who
+        assert (await store.load(tid)).last_seq == before + 1
+        again = await check_reconcile(
+            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN, dedupe_key=who
+        )
+        assert isinstance(again, Refused) and again.event == why_not.event  # once
+        assert (await store.load(tid)).last_seq == before + 1
         refused = await reconcile(store, tid, Decider(who), "happened")
         assert isinstance(refused, Refused) and why in refused.reason
         assert refused.event is not None and refused.event.decision == "happened"  # type: ignore[union-attr]
@@ -561,7 +573,8 @@ async def test_reconcile_is_bound_to_the_arguments_the_card_showed(store: Store)
     stale = await check_reconcile(
         store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN, arguments_hash="0" * 32
     )
-    assert stale == "this card is out of date: the call's arguments differ"
+    assert isinstance(stale, Refused)
+    assert stale.reason == "this card is out of date: the call's arguments differ"
     refused = await reconcile(store, tid, Decider(CAROL), "retry", arguments_hash="0" * 32)
     assert isinstance(refused, Refused) and "out of date" in refused.reason
     assert (await store.load(tid)).status == "awaiting_reconcile"
