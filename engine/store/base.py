@@ -260,10 +260,12 @@ class Store(abc.ABC):
         *,
         snapshot: str | None,
         create: ThreadKey | None = None,
+        wakes: bool = False,
     ) -> Outcome:
         """One transaction: (``create``: insert the thread row at that key;) skip if an
         input's dedupe key is stored; move the row from ``expected_seq`` to ``state``;
-        insert ``rows``; upsert ``snapshot`` when given."""
+        insert ``rows``; upsert ``snapshot`` when given. ``wakes``: the append makes the
+        thread runnable (a backend that can tell other processes at commit does)."""
 
     @abc.abstractmethod
     async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
@@ -386,8 +388,9 @@ class Store(abc.ABC):
         stamped, new_state = stamp(thread_id, events, expected_seq, state, now)
         rows = [mapper.to_row(e) for e in stamped]
         snapshot = snapshot_due(expected_seq, new_state)
+        wakes = new_state.status == "running" and state.status != "running"
         outcome = await self._append(
-            thread_id, expected_seq, rows, new_state, now, snapshot=snapshot
+            thread_id, expected_seq, rows, new_state, now, snapshot=snapshot, wakes=wakes
         )
         if isinstance(outcome, Duplicate):
             return Appended(events=[mapper.from_row(outcome.row)], state=None, deduplicated=True)

@@ -46,22 +46,16 @@ from engine.types import ThreadKey
 T = TypeVar("T")
 
 # NOTIFY on the schema's channel, in the append's own statement (so at its commit,
-# never for an append that did not happen), when the thread becomes runnable: $8 is
-# its new status, $12 its id; ``became`` says it was not runnable before. Sub-statements
-# of one WITH see the same snapshot: the SELECT of threads reads the row as it was.
-# The payload is ``<thread id> <origin>``, the origin being the appending store's
-# (``Store.origin``, $17): a worker ignores what its own process appended, since the
-# front door kicked it already (hearing it too was a second run per input).
-# A new thread notifies nobody: its creator kicks its own worker, and no other process
-# can hold it. A commit that notified takes PostgreSQL's one notification-queue lock,
-# so notifying every mention serialised a burst's commits (bench/slack_ack.py).
+# never for an append that did not happen), when it makes the thread runnable (``wakes``:
+# running now, and not before; the core knows both states, and the guarded UPDATE makes
+# the stored one the core's). The payload is ``<thread id> <origin>``, the origin being
+# the appending store's (``Store.origin``): a worker ignores what its own process
+# appended, since the front door kicked it already (hearing it too was a second run per
+# input). A new thread notifies nobody: its creator kicks its own worker, and no other
+# process can hold it. A commit that notified takes PostgreSQL's one notification-queue
+# lock, so notifying every mention serialised a burst's commits (bench/slack_ack.py).
 RUNNABLE_CHANNEL = "opsloop_runnable:"
-_WAKE = f"""CASE WHEN $8 = 'running' AND EXISTS (SELECT FROM moved)
-    AND (SELECT status FROM threads WHERE id = $12) IS DISTINCT FROM 'running'
-    THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'),
-        $12::text || ' ' || $17::text)
-    END AS woke"""
-# ``$V`` is the events' schema versions, the last argument of each statement.
+# ``$V`` is the events' schema versions.
 _EVENTS_FROM_ARRAYS = """
 unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $V::int[])
     AS e(seq, event_id, type, actor, payload, dedupe_key, schema_version)
@@ -70,40 +64,76 @@ _INSERT_EVENTS = """
     INSERT INTO events
         (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key, schema_version)
 """
-# Both appends: $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status,
-# wake_at, requester, updated_at; $12 its id. Then $13 expected_seq, $14 the inputs'
-# dedupe keys, $15 the snapshot (NULL: none due), $16 the events' schema versions,
-# $17 the origin.
-APPEND_SQL = f"""
-WITH stored AS (
-    -- The keys are looked up by their own index (OFFSET 0 keeps the planner from
-    -- walking the thread's every event in seq order to find the first match), and not
-    -- at all for the runner's appends, which carry none.
+
+
+def _append_sql(*, keys: bool, snapshot: bool) -> str:
+    """The append of a batch, with the parts it needs only: each part costs its set-up
+    in the executor even when it matches nothing, and most appends (the runner's) carry
+    no dedupe key and are not due a snapshot.
+
+    $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status, wake_at,
+    requester, updated_at; $12 its id; $13 expected_seq; $14 the events' schema
+    versions; $15 the origin; $16 ``wakes``; then, when present, the inputs' dedupe keys
+    and the snapshot, in that order (``_append_args``)."""
+    keys_at, snapshot_at = 17, 18 if keys else 17
+    ctes = []
+    if keys:
+        # The keys are looked up by their own index: OFFSET 0 keeps the planner from
+        # walking the thread's every event in seq order to find the first match.
+        ctes.append(f"""stored AS (
     SELECT {EVENT_COLUMNS} FROM (
-        SELECT * FROM events
-        WHERE cardinality($14::text[]) > 0
-            AND thread_id = $12 AND dedupe_key = ANY($14::text[])
+        SELECT * FROM events WHERE thread_id = $12 AND dedupe_key = ANY(${keys_at}::text[])
         OFFSET 0
     ) AS keyed
     ORDER BY seq LIMIT 1
-), moved AS (
+)""")
+    unstored = " AND NOT EXISTS (SELECT FROM stored)" if keys else ""
+    ctes.append(f"""moved AS (
     UPDATE threads
     SET last_seq = $7, status = $8, wake_at = $9, requester = $10, updated_at = $11
-    WHERE id = $12 AND last_seq = $13 AND NOT EXISTS (SELECT FROM stored)
+    WHERE id = $12 AND last_seq = $13{unstored}
     RETURNING id
-), inserted AS (
+)""")
+    ctes.append(f"""inserted AS (
     {_INSERT_EVENTS}
     SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key,
         e.schema_version
-    FROM moved, {_EVENTS_FROM_ARRAYS.replace("$V", "$16")}
-), snapshot AS (
+    FROM moved, {_EVENTS_FROM_ARRAYS.replace("$V", "$14")}
+)""")
+    if snapshot:
+        ctes.append(f"""snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
-    SELECT moved.id, $7, $15::text FROM moved WHERE $15::text IS NOT NULL
+    SELECT moved.id, $7, ${snapshot_at}::text FROM moved
     ON CONFLICT (thread_id) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state
-)
-SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {_WAKE}
-FROM (SELECT) AS one LEFT JOIN stored ON true
-"""
+)""")
+    woke = f"""CASE WHEN $16::bool AND EXISTS (SELECT FROM moved)
+    THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'),
+        $12::text || ' ' || $15::text)
+    END AS woke"""
+    if keys:
+        select = f"""SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {woke}
+FROM (SELECT) AS one LEFT JOIN stored ON true"""
+    else:
+        select = f"SELECT (SELECT count(*) FROM moved) AS moved, NULL AS seq, {woke}"
+    return "\nWITH " + ",\n".join(ctes) + "\n" + select + "\n"
+
+
+APPEND_SQL = {
+    (keys, snapshot): _append_sql(keys=keys, snapshot=snapshot)
+    for keys in (False, True)
+    for snapshot in (False, True)
+}
+
+
+def _append_args(
+    args: tuple[Any, ...], keys: list[str], snapshot: str | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement for this batch and its arguments (``args``: $1-$16)."""
+    sql = APPEND_SQL[bool(keys), snapshot is not None]
+    more = ([keys] if keys else []) + ([snapshot] if snapshot is not None else [])
+    return sql, (*args, *more)
+
+
 # A new thread already at its state, with its first events and any snapshot:
 # $13-$15 its team, channel and root_ts, $16 the snapshot, $17 the events' versions.
 CREATE_SQL = f"""
@@ -500,6 +530,7 @@ class PostgresStore(Store):
         *,
         snapshot: str | None,
         create: ThreadKey | None = None,
+        wakes: bool = False,
     ) -> Outcome:
         moved = (state.last_seq, state.status, state.wake_at, state.requester, now)
         args = (*_arrays(rows), *moved, thread_id)
@@ -512,11 +543,10 @@ class PostgresStore(Store):
                     lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot, versions)
                 )
                 return "written" if created == 1 else "moved"
-            found = await self._run(
-                lambda c: c.fetchrow(
-                    APPEND_SQL, *args, expected_seq, keys, snapshot, versions, self.origin
-                )
+            sql, full = _append_args(
+                (*args, expected_seq, versions, self.origin, wakes), keys, snapshot
             )
+            found = await self._run(lambda c: c.fetchrow(sql, *full))
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
             # thread) after our statement began: the core looks again.

@@ -519,6 +519,7 @@ class SqliteStore(Store):
         *,
         snapshot: str | None,
         create: ThreadKey | None = None,
+        wakes: bool = False,  # no cross-process notification: the sweep finds it
     ) -> Outcome:
         when = sql_time(now)
         item = _Append(
