@@ -57,7 +57,9 @@ async def test_runs_wait_until_no_answer_has_been_given_for_the_settling_time():
     """A burst's requests come back to back: a run let in between two of them would
     hold the interpreter while the next one waits."""
     thread = LoopThread()
-    priority = AnswersFirst(thread, max_defer_s=5, settle_s=0.2)
+    # A settling time far above the gaps, so a loaded machine's late sleeps cannot
+    # open the gate between two answers.
+    priority = AnswersFirst(thread, max_defer_s=10, settle_s=1.0)
 
     async def quiet_then_time() -> float:
         await priority.quiet()
@@ -72,8 +74,8 @@ async def test_runs_wait_until_no_answer_has_been_given_for_the_settling_time():
             with priority.answering():
                 await asyncio.sleep(0)
         last_answer = time.monotonic()
-        released = await asyncio.wait_for(asyncio.gather(*waiting), 3)
-        assert all(at - last_answer >= 0.19 for at in released)
+        released = await asyncio.wait_for(asyncio.gather(*waiting), 8)
+        assert all(at - last_answer >= 0.95 for at in released)
         await asyncio.wait_for(thread.run(priority.quiet()), 1)  # calm now: at once
     finally:
         await thread.stop()
