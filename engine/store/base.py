@@ -183,6 +183,11 @@ class Store(abc.ABC):
         # made them kicks it. One per process (the serving and the worker loop's
         # stores share it); a store of its own by default.
         self.origin = origin or secrets.token_hex(8)
+        self._setup(pool_size)
+
+    @abc.abstractmethod
+    def _setup(self, pool_size: int) -> None:
+        """The backend's own connections (``pool_size``: for the concurrent ones)."""
 
     @classmethod
     async def open(

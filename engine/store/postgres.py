@@ -18,10 +18,8 @@ from typing import Any, TypeVar
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel import SQLModel
 
-from engine.db import DatabaseConfig
 from engine.errors import ConfigError
 from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
@@ -429,15 +427,8 @@ class _Presence:
 class PostgresStore(Store):
     DOWN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, *_SERVER_DOWN, OSError)
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        config: DatabaseConfig,
-        *,
-        pool_size: int = 10,
-        origin: str | None = None,
-    ):
-        super().__init__(engine, config, origin=origin)
+    def _setup(self, pool_size: int) -> None:
+        config = self.config
         dsn = config.url.set(drivername="postgresql").render_as_string(hide_password=False)
         settings = {"search_path": config.schema} if config.schema else None
         # Reads share this pool with the writes (they had a pool of their own): room

@@ -30,10 +30,8 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from engine.db import DatabaseConfig
 from engine.errors import ConfigError
 from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
@@ -387,19 +385,12 @@ async def release(db: Database) -> None:
 class SqliteStore(Store):
     DOWN = (sqlite3.OperationalError, OSError)
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        config: DatabaseConfig,
-        *,
-        pool_size: int = 10,
-        origin: str | None = None,
-    ):
-        super().__init__(engine, config, origin=origin)
-        self._db: Database | None = shared_database(config.url.database or ":memory:")
+    def _setup(self, pool_size: int) -> None:
+        # One writer thread per file, shared by the process's stores: no pool to size.
+        path = self.config.url.database or ":memory:"
+        self._db: Database | None = shared_database(path)
         # Proof of life of the workers on this file; none for an in-memory database
         # (one process: its leases simply expire).
-        path = config.url.database or ":memory:"
         self._locks = None if path == ":memory:" else WorkerLocks(os.path.abspath(path))
 
     def _database(self) -> Database:
