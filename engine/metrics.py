@@ -34,17 +34,15 @@ class _Children(MetricWrapperBase):
     """``labels()`` answered from a dict: the client validates and locks each time (about
     8 µs), and the runner asks five times a step. Children are never removed here."""
 
-    _cache: dict[tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]], Self]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cache: dict[tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]], Self] = {}
 
     def labels(self, *values: Any, **named: Any) -> Self:
         key = (values, tuple(named.items()))
-        try:
-            return self._cache[key]
-        except AttributeError:
-            self._cache = {}
-        except KeyError:
-            pass
-        child = self._cache[key] = super().labels(*values, **named)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = super().labels(*values, **named)
         return child
 
 
