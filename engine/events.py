@@ -238,7 +238,8 @@ class ApprovalRejected(Event):
 class ApprovalRefused(Event):
     """An attempt to decide that was not allowed; kept for the audit, changes nothing.
     ``decision`` is what was attempted: an approval vote, a reconcile or a cancel (which
-    names no call)."""
+    names the pending call whose reviewer rule refused it, or no call when none was
+    pending)."""
 
     type: Literal["approval_refused"] = "approval_refused"
     facts = Facts(input=True, people="nothing", model=False, summary="omitted")

@@ -25,6 +25,7 @@ from engine.policy import arguments_hash as call_hash
 from engine.retrying import retrying
 from engine.state import PendingCall, ThreadState
 from engine.store import Store, ThreadKey
+from tools.output import storable
 
 # Which of these S… user groups is the user in; may raise (the front door maps its
 # lookup error to "try again").
@@ -183,7 +184,7 @@ async def may_decide(
     abandon) and cancel. In order: the call must await this decision (with these
     arguments, not expired), the decider must act from the thread's organisation, and
     the call's reviewer rule (:func:`reviewer_rule`) must allow them. Cancel is open to
-    the requester and to the process's approvers.
+    the requester and to whoever may decide the pending call (:func:`_why_not_canceller`).
     """
     now = now or utcnow()
     if decision == "cancel":
@@ -191,10 +192,9 @@ async def may_decide(
             return f"the thread is {state.status}"
         if (why := await why_not_same_org(store, state.thread_id, decider.org)) is not None:
             return why
-        groups = await _groups_for(decider, policy)
-        if decider.user == state.requester or policy.is_approver(decider.user, groups):
+        if decider.user == state.requester:
             return None
-        return "only the requester or an approver can cancel"
+        return await _why_not_canceller(state, decider, policy)
     assert tool_call_id is not None, "an approval or a reconcile names its call"
     if decision in ("approve", "reject"):
         why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
@@ -212,6 +212,29 @@ async def may_decide(
     verdict: ev.ApprovalDecision = "reject" if decision == "reject" else "approve"
     why = rule.check(verdict, decider.user, state.requester, await _groups_for(decider, rule))
     if why is not None and any(a.startswith("oncall:") for a in rule.approvers):
+        why += " (on-call schedules are not looked up yet)"
+    return why
+
+
+async def _why_not_canceller(
+    state: ThreadState, decider: Decider, policy: ApproverPolicy
+) -> str | None:
+    """May ``decider``, who is not the requester, cancel? Stopping a pending call is
+    deciding it, so its own reviewer rule says who; with nothing pending, the process's
+    approvers, and nobody else when there are none ("anyone" would let a stranger end
+    another person's thread)."""
+    call = state.pending
+    if call is None:
+        if not policy.approvers:
+            return "only the requester can cancel"
+        if policy.is_approver(decider.user, await _groups_for(decider, policy)):
+            return None
+        return "only the requester or an approver can cancel"
+    rule = reviewer_rule(call, policy)
+    if rule.is_approver(decider.user, await _groups_for(decider, rule)):
+        return None
+    why = "only the requester or an approver of the pending call can cancel"
+    if any(a.startswith("oncall:") for a in rule.approvers):
         why += " (on-call schedules are not looked up yet)"
     return why
 
@@ -565,7 +588,7 @@ async def finish_wait(
             actor=actor,
             tool_call_id=call.tool_call_id,
             wait_id=wait_id,
-            result=result,
+            result=storable(result),  # a job's answer, like any tool's (tools/output.py)
             dedupe_key=dedupe_key,
         )
         return await _append_one(store, thread_id, state, event)
@@ -593,16 +616,21 @@ async def cancel(
     decider: Decider | None = None,
     dedupe_key: str | None = None,
 ) -> Accepted | Refused:
-    """Stop the thread: allowed to its requester and to approvers, from the thread's
-    organisation (:func:`may_decide`; a refusal here records nothing)."""
+    """Stop the thread: allowed to its requester and to whoever may decide its pending
+    call (or, with none, the process's approvers), from the thread's organisation
+    (:func:`may_decide`). A refusal is recorded as ``approval_refused``, naming the
+    pending call whose rule refused it, if any."""
     who = decider or Decider(by, frozenset(user_groups), org)
 
     async def once() -> Accepted | Refused:
-        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
-            return Accepted(thread_id, seen, deduplicated=True)  # a redelivered click
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen  # a redelivered click
         state = await store.load(thread_id)
         if (why := await may_decide(store, state, who, "cancel", policy)) is not None:
-            return Refused(thread_id, why)
+            if state.status == "new":
+                return Refused(thread_id, why)  # a log starts with a message: nowhere to record
+            call_id = state.pending.tool_call_id if state.pending else None
+            return await _refuse(store, thread_id, state, who, "cancel", call_id, why, dedupe_key)
         event = ev.ThreadCancelled(actor=who.user, reason=reason, dedupe_key=dedupe_key)
         return await _append_one(store, thread_id, state, event)
 

@@ -139,8 +139,10 @@ async def awaiting_approval(
     root: str = ROOT,
     tool: str = "deploy",
     arguments: dict[str, Any] | None = None,
+    approvers: tuple[str, ...] | None = None,
 ) -> tuple[str, str]:
-    """A thread at (CHANNEL, root) awaiting approval of ``tool``; its card's button value."""
+    """A thread at (CHANNEL, root) awaiting approval of ``tool``; its card's button value.
+    ``approvers``: the reviewer rule recorded on the call (None: the process's)."""
     args = arguments or {"service": "api", "env": "staging"}
     thread_id = await store.create_thread(ThreadKey(TEAM_ID, CHANNEL, root))
     call_id = "toolu_01"
@@ -164,6 +166,7 @@ async def awaiting_approval(
                 arguments=args,
                 policy="approve_before_run",
                 idempotency_key=f"{thread_id}:{call_id}",
+                approvers=approvers,
             ),
             ev.ApprovalRequested(
                 tool_call_id=call_id,
@@ -777,6 +780,28 @@ async def test_the_requester_cancels_and_a_stranger_cannot(store: Store, slack: 
     assert "only the requester or an approver" in ephemeral_texts(slack, EVE)[0]
     assert ephemeral_texts(slack, ANN) == [INVALID_BUTTON]
     assert thread_id in s.kicks
+
+
+async def test_a_cancel_by_someone_the_calls_rule_refuses_is_recorded_not_done(
+    store: Store, slack: FakeSlack
+) -> None:
+    """No process approvers, but the call's rule names BOB: EVE, who may not approve it,
+    may not stop it either."""
+    thread_id, value = await awaiting_approval(store, approvers=(BOB,))
+    async with served(store, slack) as s:
+        assert (await s.send(button(EVE, b.APPROVE_ACTION, value)))[0] == 200
+        stranger = button(EVE, b.CANCEL_ACTION, thread_id, action_ts="1700000100.3")
+        assert (await s.send(stranger))[0] == 200
+        await slack.wait_for("chat.postEphemeral", 2)
+        await s.settle()
+    refused = (await events_of(store, thread_id))[-1]
+    assert isinstance(refused, ev.ApprovalRefused)
+    assert (refused.actor, refused.decision, refused.tool_call_id) == (EVE, "cancel", "toolu_01")
+    assert (await store.load(thread_id)).status == "awaiting_approval"
+    assert "thread_cancelled" not in await types_of(store, thread_id)
+    note = ephemeral_texts(slack, EVE)[1]
+    assert note.startswith("Nothing changed:") and "approver of the pending call" in note
+    assert thread_id not in s.kicks
 
 
 # --- /opsloop and App Home ---------------------------------------------------------------

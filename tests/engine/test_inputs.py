@@ -28,7 +28,7 @@ from engine.inputs import (
 from engine.policy import ApproverPolicy, arguments_hash
 from engine.state import ThreadState
 from engine.store import Store, ThreadKey
-from tests.support.logs import approval_pending, clarification_asked, waiting_on_job
+from tests.support.logs import answered, approval_pending, clarification_asked, waiting_on_job
 
 REQ = "U0REQUEST"
 BOSS = "U0BOSS"
@@ -365,7 +365,8 @@ async def test_requester_and_approvers_may_cancel_others_may_not(store: Store) -
     before = await store.load(tid)
     refused = await cancel(store, tid, by="U0RANDOM", policy=STRICT)
     assert isinstance(refused, Refused) and "requester or an approver" in refused.reason
-    assert await store.load(tid) == before
+    assert isinstance(refused.event, ev.ApprovalRefused)
+    assert same_but_seq(await store.load(tid), before)
 
     done = await cancel(store, tid, by=REQ, policy=STRICT, reason="not needed")
     assert isinstance(done, Accepted) and isinstance(done.event, ev.ThreadCancelled)
@@ -478,6 +479,82 @@ async def test_oncall_approvers_match_nobody_yet(store: Store) -> None:
     tid = await ruled_thread(store, ("oncall:PXYZ",))
     refused = await vote(store, tid, Decider(BOSS))
     assert isinstance(refused, Refused) and "on-call schedules" in refused.reason
+
+
+# --- who may cancel: the pending call's own rule (issue 21) ----------------------------
+
+
+async def test_cancel_by_someone_who_may_not_decide_the_call_is_refused_and_recorded(
+    store: Store,
+) -> None:
+    tid = await ruled_thread(store, (BOB,))  # no process approvers: OPEN
+    before = await store.load(tid)
+    assert isinstance(await vote(store, tid, Decider(BOSS)), Refused)
+    refused = await cancel(store, tid, by=BOSS, policy=OPEN, dedupe_key="click:1")
+    assert isinstance(refused, Refused)
+    assert refused.reason == "only the requester or an approver of the pending call can cancel"
+    event = refused.event
+    assert isinstance(event, ev.ApprovalRefused)
+    assert (event.actor, event.decision, event.tool_call_id) == (BOSS, "cancel", CALL)
+    assert (await types(store, tid))[-1] == "approval_refused"
+    after = await store.load(tid)
+    assert after.status == "awaiting_approval" and after.last_seq == before.last_seq + 2
+    again = await cancel(store, tid, by=BOSS, policy=OPEN, dedupe_key="click:1")
+    assert isinstance(again, Refused) and again.event == event  # a redelivery records once
+    assert (await store.load(tid)).last_seq == after.last_seq
+
+
+async def test_the_rules_own_approver_may_cancel_though_the_process_names_others(
+    store: Store,
+) -> None:
+    tid = await ruled_thread(store, (BOB,))
+    # STRICT names BOSS and ONCALL for the process; this call's rule names only BOB.
+    boss = await cancel(store, tid, by=BOSS, policy=STRICT)
+    assert isinstance(boss, Refused) and isinstance(boss.event, ev.ApprovalRefused)
+    done = await cancel(store, tid, by=BOB, policy=STRICT, reason="not today")
+    assert isinstance(done, Accepted) and isinstance(done.event, ev.ThreadCancelled)
+    assert (await store.load(tid)).status == "cancelled"
+
+    # A rule's user group is resolved as the approve path resolves it.
+    async def resolve(groups: frozenset[str]) -> frozenset[str]:
+        return groups & {SRE}
+
+    grouped = await started_thread(store, "2.0")
+    await store.append(grouped, 1, restart_log(grouped, (SRE,)))
+    member = Decider(CAROL, resolve=resolve)
+    assert isinstance(
+        await cancel(store, grouped, by=CAROL, policy=STRICT, decider=member), Accepted
+    )
+
+
+@pytest.mark.parametrize("pending", [True, False])
+async def test_the_requester_may_cancel_whatever_the_rule_says(store: Store, pending: bool) -> None:
+    # The rule names only BOB and turns self-approval off; no process approvers.
+    tid = await ruled_thread(store, (BOB,))
+    if not pending:
+        state = await store.load(tid)
+        await store.append(tid, state.last_seq, [ev.ApprovalRejected(actor=BOB, tool_call_id=CALL)])
+        await store.append(tid, state.last_seq + 1, answered("not deployed"))
+        assert (await store.load(tid)).pending is None
+    done = await cancel(store, tid, by=REQ, policy=OPEN)
+    assert isinstance(done, Accepted) and done.event.type == "thread_cancelled"
+
+
+async def test_a_stranger_cannot_cancel_a_finished_thread_when_no_approvers_are_set(
+    store: Store,
+) -> None:
+    tid = await started_thread(store)
+    await store.append(tid, 1, answered("done"))
+    assert (await store.load(tid)).status == "idle"
+    refused = await cancel(store, tid, by=BOSS, policy=OPEN)
+    assert isinstance(refused, Refused) and refused.reason == "only the requester can cancel"
+    assert isinstance(refused.event, ev.ApprovalRefused)
+    assert (refused.event.decision, refused.event.tool_call_id) == ("cancel", None)
+    assert (await store.load(tid)).status == "idle"
+    # With process approvers and nothing pending, they may; others still may not.
+    other = await cancel(store, tid, by=BOB, policy=STRICT)
+    assert isinstance(other, Refused) and "requester or an approver" in other.reason
+    assert isinstance(await cancel(store, tid, by=BOSS, policy=STRICT), Accepted)
 
 
 # --- reconcile ------------------------------------------------------------------------
