@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import jsonschema
 import yaml
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -40,11 +38,17 @@ from pydantic import (
 )
 
 from engine.errors import ConfigError
+from tools.schemas import compile_schema, is_valid
 
 DEFAULT_PATH = "opsloop.yaml"
 RulePolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
 LATER_SECTIONS = ("integrations", "alerts")
 
+MAX_DURATION_S = 365 * 86400.0
+MAX_QUORUM = 50
+MAX_RULES = 1000
+MAX_FILE_BYTES = 1024 * 1024
+MAX_NESTING = 64
 _DURATION = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _APPROVER = re.compile(r"^(?:[UWS][A-Z0-9]{2,}|oncall:[A-Z0-9]{2,})$")
@@ -57,7 +61,6 @@ _HOST_NAME = re.compile(
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{")
-_DEFAULT_DRAFT = jsonschema.Draft202012Validator
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
@@ -73,10 +76,13 @@ class _At(ValueError):
 
 
 def parse_duration(value: object) -> float:
-    """``30s`` / ``10m`` / ``2h`` / ``1d`` in seconds; anything else is an error."""
+    """``30s`` / ``10m`` / ``2h`` / ``1d`` in seconds, at most a year; anything else is an
+    error (an unbounded one overflowed the clock arithmetic of every call it decided)."""
     match = _DURATION.match(value) if isinstance(value, str) else None
     if match is None:
         raise ValueError(f"must be a duration such as 30s, 10m, 2h or 1d, not {value!r}")
+    if len(match.group(1)) > 9 or int(match.group(1)) * _UNIT_S[match.group(2)] > MAX_DURATION_S:
+        raise ValueError(f"must be at most a year (365d), not {value!r}")
     return int(match.group(1)) * _UNIT_S[match.group(2)]
 
 
@@ -96,25 +102,10 @@ def _channel(value: str) -> str:
 
 
 def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A valid JSON Schema whose ``$ref``s stay inside it (no fetching at decide time)."""
-    cls = jsonschema.validators.validator_for(schema, default=_DEFAULT_DRAFT)
-    try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ValueError(f"is not a valid JSON Schema: {_short(exc.message)}") from None
-    for ref in _refs(schema):
-        if not ref.startswith("#"):
-            raise ValueError(f"$ref {ref!r} points outside the schema; only #/… refs are read")
+    """A JSON Schema opsloop can run safely (tools/schemas.py): refs inside it only,
+    patterns the linear-time engine runs, no reference loop."""
+    compile_schema(schema)  # SchemaProblem is a ValueError: one line at the key
     return schema
-
-
-def _refs(node: Any) -> list[str]:
-    if isinstance(node, dict):
-        found = [v for k, v in node.items() if k in ("$ref", "$dynamicRef") and isinstance(v, str)]
-        return found + [r for v in node.values() for r in _refs(v)]
-    if isinstance(node, list):
-        return [r for v in node for r in _refs(v)]
-    return []
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -337,7 +328,7 @@ class PolicyRule(_Model):
     policy: RulePolicy
     reason: str | None = None
     approvers: list[Approver] | None = None
-    quorum: int | None = Field(None, ge=1)
+    quorum: int | None = Field(None, ge=1, le=MAX_QUORUM)
     allow_self: bool | None = None
     expires_in: Duration | None = None
     remind_after: Duration | None = None
@@ -346,7 +337,7 @@ class PolicyRule(_Model):
     channels: list[Channel] | None = None
     idempotent: bool | None = None
     trust_hints: bool | None = None
-    _when: Any = PrivateAttr(None)
+    _when: Any = PrivateAttr(None)  # the compiled validator of ``when``
 
     @field_validator("tool")
     @classmethod
@@ -367,12 +358,12 @@ class PolicyRule(_Model):
 
     def model_post_init(self, context: Any, /) -> None:
         if self.when is not None:
-            cls = jsonschema.validators.validator_for(self.when, default=_DEFAULT_DRAFT)
-            self._when = cls(self.when)
+            self._when = compile_schema(self.when)
 
     def holds(self, arguments: Mapping[str, Any]) -> bool:
-        """Do ``arguments`` satisfy ``when`` (always, without one)?"""
-        return self._when is None or bool(self._when.is_valid(dict(arguments)))
+        """Do ``arguments`` satisfy ``when`` (always, without one)? Raises
+        ``tools.schemas.SchemaProblem`` when it cannot be evaluated for them."""
+        return self._when is None or is_valid(self._when, dict(arguments))
 
 
 # --- the file -----------------------------------------------------------------------------
@@ -381,7 +372,23 @@ class PolicyRule(_Model):
 class ConfigFile(_Model):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
-    policy: list[PolicyRule] = Field(default_factory=list)
+    policy: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
+
+    @model_validator(mode="after")
+    def _quorums_reachable(self) -> ConfigFile:
+        """A rule without its own approvers takes ``approvals.approvers``: a quorum above
+        the number of users listed there could never be met either."""
+        people = self.approvals.approvers or []
+        if not people or not all(a[0] in "UW" for a in people):
+            return self
+        for index, rule in enumerate(self.policy):
+            if rule.approvers is None and rule.quorum and rule.quorum > len(set(people)):
+                raise _At(
+                    ("policy", index, "quorum"),
+                    f"is {rule.quorum} but approvals.approvers lists only "
+                    f"{len(set(people))} approvers",
+                )
+        return self
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -426,7 +433,28 @@ class ConfigFile(_Model):
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice (YAML keeps the last one silently)."""
+    """SafeLoader that refuses a key given twice (YAML keeps the last one silently),
+    anchors and aliases (the file needs none, and nine aliases of nine anchors expand to
+    millions of nodes before any validation), and nesting past ``MAX_NESTING`` (the
+    composer recurses: a thousand levels was a RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (&name, *name) are not supported", event.start_mark
+            )
+        if self._depth >= MAX_NESTING:
+            raise yaml.composer.ComposerError(
+                None, None, f"is nested more than {MAX_NESTING} levels deep", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[Any] = set()
@@ -500,6 +528,8 @@ def _message(error: Any) -> tuple[tuple[Any, ...], str]:
         "model_type": "must be a mapping",
         "model_attributes_type": "must be a mapping",
         "greater_than_equal": f"must be at least {ctx.get('ge')}",
+        "less_than_equal": f"must be at most {ctx.get('le')}",
+        "too_long": f"may hold at most {ctx.get('max_length')} entries",
         "literal_error": f"must be one of {ctx.get('expected')}, not {given!r}",
     }
     if kind in messages:
@@ -509,6 +539,8 @@ def _message(error: Any) -> tuple[tuple[Any, ...], str]:
 
 def parse_config(text: str, env: Mapping[str, str], name: str = DEFAULT_PATH) -> ConfigFile:
     """Validate the text of a configuration file; ``name`` heads every error."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"{name}: is over {MAX_FILE_BYTES // 1024} KiB; opsloop reads no more")
     try:
         data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from engine.events import CLARIFICATION_TOOL, Policy
 from engine.models.base import Decision
 from engine.rules import PolicySet, RuleDecision
+from tools.schemas import instance_too_large
 
 # "reject" is a decision the model got wrong (validation); "refuse" a valid call the
 # policy refuses (a rule's reject, a channel it may not be used in): recorded as
@@ -86,16 +87,29 @@ def classify(
     if tool is None or not offered(use.name):
         known = ", ".join([*(n for n in registry.names() if offered(n)), CLARIFICATION_TOOL])
         return Verdict("reject", f"unknown tool {use.name!r}; the tools are: {known}")
+    if (too_large := instance_too_large(use.input)) is not None:
+        return Verdict("reject", f"arguments for {use.name!r} are invalid: {too_large}")
     try:
         tool.parse_arguments(use.input)
     except ValidationError as exc:
         return Verdict("reject", f"arguments for {use.name!r} are invalid: {_first_error(exc)}")
+    except Exception as exc:  # a schema that cannot be evaluated must not loop the thread
+        return Verdict("reject", f"arguments for {use.name!r} could not be checked: {_one(exc)}")
     if policies is None:
         return Verdict(tool.policy)
-    rule = policies.decide(tool, use.input, channel)
+    try:
+        rule = policies.decide(tool, use.input, channel)
+    except Exception as exc:  # a rule's `when` that cannot be evaluated: refused, not retried
+        return Verdict("reject", f"the policy could not decide {use.name!r}: {_one(exc)}")
     if rule.policy == "reject":
         return Verdict("refuse", rule.reason, rule)
     return Verdict(rule.policy, rule=rule)
+
+
+def _one(exc: BaseException) -> str:
+    """An unexpected exception as one short line (its type when it says nothing)."""
+    text = " ".join(str(exc).split())[:200]
+    return text or type(exc).__name__
 
 
 def _first_error(exc: ValidationError) -> str:

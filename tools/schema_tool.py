@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from tools._checks import check_name
 from tools.errors import ToolDefinitionError
 from tools.registry import Policy, Tool
+from tools.schemas import SchemaProblem, compile_schema, validate
 
 _MAX_ERRORS = 3
 
@@ -32,15 +31,16 @@ class SchemaArguments(BaseModel):
 
 
 def _arguments_model(name: str, schema: dict[str, Any]) -> type[SchemaArguments]:
-    validator_cls = jsonschema.validators.validator_for(schema)
     try:
-        validator_cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ToolDefinitionError(f"tool {name!r}: invalid input schema: {exc.message}") from None
-    validator = validator_cls(schema)
+        validator = compile_schema(schema)
+    except SchemaProblem as exc:
+        raise ToolDefinitionError(f"tool {name!r}: invalid input schema: {exc}") from None
 
     def check(cls: type[SchemaArguments], data: Any) -> Any:
-        problems = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+        try:
+            problems = validate(validator, data)
+        except SchemaProblem as exc:
+            raise ValueError(str(exc)) from None  # pydantic makes it a ValidationError
         if problems:
             parts = []
             for err in problems[:_MAX_ERRORS]:

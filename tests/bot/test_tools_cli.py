@@ -8,7 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.bot.test_cli import ROOT, assert_one_line_error, run_cli
+from tests.engine.test_config_file import BOMB
 
 SERVER = ROOT / "tests" / "support" / "mcp_servers.py"
 
@@ -199,3 +202,18 @@ def test_every_command_reads_the_file_and_refuses_a_bad_one(tmp_path: Path) -> N
         line = assert_one_line_error(run_cli(*args, db=None, cwd=tmp_path))
         assert line == "opsloop: opsloop.yaml: tools.unknown: is not a known key", args
     assert not (tmp_path / "opsloop.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BOMB, "anchors and aliases (&name, *name) are not supported"),
+        ("policy: " + "[" * 1000 + "]" * 1000, "is nested more than 64 levels deep"),
+    ],
+)
+def test_config_check_refuses_an_alias_bomb_or_deep_nesting_in_one_line(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    (tmp_path / "opsloop.yaml").write_text(text)
+    line = assert_one_line_error(run_cli("config", "check", db=None, cwd=tmp_path))
+    assert expected in line

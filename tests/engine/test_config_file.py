@@ -542,3 +542,76 @@ def test_policy_hash_names_approvals_and_policy_only():
     reordered = "policy: [{policy: run_now, tool: a}]\napprovals: {expires_in: 1d}\n"
     assert parse_config(reordered, {}).policy_hash == h
     assert example().policy_hash == example().policy_hash
+
+
+# --- hostile files (issue 21): every one is one line, found before any expansion ----------
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BOMB, "anchors and aliases (&name, *name) are not supported"),
+        ("unknown:\n  " + BOMB.replace("\n", "\n  "), "anchors and aliases"),
+        ("a: &a [*a]\n", "anchors and aliases"),
+        ("policy: " + "[" * 1000 + "]" * 1000, "is nested more than 64 levels deep"),
+        ("x: " + "{a: " * 1000 + "1" + "}" * 1000, "is nested more than 64 levels deep"),
+        (
+            "policy: [{tool: a, policy: run_now, when: {$ref: '#'}}]",
+            "opsloop.yaml: policy[0].when: $ref '#' leads back to itself without end",
+        ),
+        (
+            "policy: [{tool: a, policy: run_now, when: {properties: {x: {pattern: '(a)\\1'}}}}]",
+            "opsloop.yaml: policy[0].when: pattern '(a)\\\\1' cannot be run by the linear-time"
+            " regex engine",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, expires_in: 99999999999999d}]",
+            "opsloop.yaml: policy[0].expires_in: must be at most a year (365d), not"
+            " '99999999999999d'",
+        ),
+        (
+            "approvals: {expires_in: 366d}",
+            "opsloop.yaml: approvals.expires_in: must be at most a year (365d), not '366d'",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, quorum: 51}]",
+            "opsloop.yaml: policy[0].quorum: must be at most 50",
+        ),
+        (
+            "approvals: {approvers: [U1AA, U2BB]}\n"
+            "policy: [{tool: a, policy: approve_before_run, quorum: 3}]",
+            "opsloop.yaml: policy[0].quorum: is 3 but approvals.approvers lists only 2 approvers",
+        ),
+        (
+            "tools:\n  http_allow_hosts: [h]\n  http:\n    x:\n      description: d\n"
+            "      url: http://h/\n      arguments: {type: object, properties: "
+            "{a: {$ref: 'file:///etc/passwd'}}}\n",
+            "opsloop.yaml: tools.http.x.arguments: $ref 'file:///etc/passwd' points outside",
+        ),
+    ],
+)
+def test_hostile_files_are_one_line(text: str, expected: str) -> None:
+    assert expected in error_of(text)
+
+
+def test_a_group_or_on_call_approver_list_may_take_any_quorum() -> None:
+    parse_config(
+        "approvals: {approvers: [S0SRE]}\npolicy: [{tool: a, policy: approve_before_run,"
+        " quorum: 3}]",
+        {},
+    )
+
+
+def test_a_year_is_the_longest_duration() -> None:
+    assert parse_config("approvals: {expires_in: 365d}", {}).approvals.expires_in == 365 * 86400
+
+
+def test_too_many_rules_or_too_large_a_file_is_one_line() -> None:
+    rules = "policy:\n" + "  - {tool: a, policy: run_now}\n" * 1001
+    assert error_of(rules) == "opsloop.yaml: policy: may hold at most 1000 entries"
+    assert error_of("# x\n" * 300_000) == "opsloop.yaml: is over 1024 KiB; opsloop reads no more"

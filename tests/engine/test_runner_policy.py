@@ -227,3 +227,34 @@ async def test_a_non_idempotent_call_that_times_out_waits_for_a_person(store):
     assert state.status == "awaiting_reconcile" and effects["restart"] == 1
     [unknown] = [e for e in await events(store, tid) if e.type == "tool_outcome_unknown"]
     assert "did not finish within 0.2 s" in unknown.error  # type: ignore[union-attr]
+
+
+# A `when` that passes loading but cannot be evaluated for these arguments: its ref names
+# nothing. Before, the exception escaped classify, the thread stayed running and the
+# dispatcher asked the model again, forever.
+UNEVALUABLE = PolicySet(
+    rules=(
+        PolicyRule(
+            tool="restart",
+            when={"properties": {"name": {"$ref": "#/$defs/missing"}}},
+            policy="run_now",
+        ),
+    ),
+    defaults=Defaults(approvers=frozenset({BOB})),
+    policy_hash=HASH,
+)
+
+
+async def test_a_rule_that_cannot_be_evaluated_rejects_and_fails_after_three(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="api") for _ in range(5)])
+    tid = await start(store)
+    state = await Runner(store, model, make_ruled_tools(effects), policy=UNEVALUABLE).run(tid)
+    assert state.status == "failed" and effects["restart"] == 0
+    assert len(model.prompts) == 3  # three decisions, then the thread stops asking
+    log = await events(store, tid)
+    rejected = [e for e in log if isinstance(e, ev.DecisionRejected)]
+    assert len(rejected) == 3
+    assert "the policy could not decide 'restart'" in rejected[0].reason
+    assert "cannot be resolved" in rejected[0].reason
+    assert isinstance(log[-1], ev.ErrorRaised) and "3 invalid decisions" in log[-1].message
