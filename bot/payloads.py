@@ -36,6 +36,7 @@ from pydantic import (
 
 from engine.inputs import Org
 from engine.types import ThreadKey
+from tools.output import clean_text  # the tools' answers are cleaned the same way
 
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
 SIGNATURE_HEADER = "X-Slack-Signature"
@@ -43,7 +44,6 @@ _DIGITS = re.compile(r"[0-9]{1,15}")
 _PRINTABLE_ASCII = re.compile(r"[\x21-\x7e]*")
 _DOMAIN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _URL = re.compile(r"https://[A-Za-z0-9.-]+/?")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Message subtypes that a person writes (a reply also sent to the channel, a file with a
 # comment, a /me message); every other subtype (edits, deletions, joins, bots…) is not a
 # new message.
@@ -78,11 +78,6 @@ def verify_headers(headers: Mapping[str, str]) -> str | None:
     if signature is not None and not _PRINTABLE_ASCII.fullmatch(signature):
         return f"malformed {SIGNATURE_HEADER} header"
     return None
-
-
-def clean_text(text: str) -> str:
-    """``text`` with lone surrogates (``\\ud800`` in JSON) replaced by U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 # --- the body, as Bolt reads it ---------------------------------------------------------

@@ -28,8 +28,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from pydantic_core import to_jsonable_python
-
 from engine import events as ev
 from engine import metrics
 from engine.config import RunnerConfig
@@ -45,6 +43,7 @@ from engine.state import WAITING_POLICIES, PendingCall, ThreadState, next_action
 from engine.store import Store
 from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
 from tools.errors import OutcomeUnknown, ToolError
+from tools.output import clean, clean_text, jsonable, storable, storable_text
 
 log = logging.getLogger("opsloop.runner")
 
@@ -389,13 +388,16 @@ class _Turn:
             )
             return
         if call.attempt >= self.r.config.max_tool_attempts:
-            # Crashed or failed that often: stop re-running it; the model hears why.
+            # Crashed or failed that often: stop re-running it; the model hears why. Every
+            # attempt up to call.attempt was started (and may have run); the one recorded
+            # below only carries the result and never runs.
+            ran = call.attempt
             if call.phase != "started":
                 await self._append(
                     [ev.ToolStarted(tool_call_id=call.tool_call_id, attempt=call.attempt + 1)]
                 )
                 call = self._pending()
-            msg = f"gave up after {call.attempt - 1 if call.attempt > 1 else call.attempt} attempts"
+            msg = f"gave up after {ran} attempts"
             await self._record(
                 call,
                 ev.ToolResult(
@@ -546,11 +548,17 @@ class _Turn:
             tool_call_id=call.tool_call_id,
             attempt=call.attempt,
             ok=True,
-            output=to_jsonable_python(output, fallback=str),
+            output=jsonable(output),  # made storable by _record, with every outcome
         )
 
     async def _record(self, call: PendingCall, outcome: ev.Event) -> None:
-        """Append a tool's outcome, re-reading past any input that arrived meanwhile."""
+        """Append a tool's outcome, re-reading past any input that arrived meanwhile.
+
+        Every tool's answer passes here, whatever its source: it is made storable first
+        (no lone surrogates, cut past 1 MiB), or one that cannot be stored would crash
+        the run after the call, as if the call had been interrupted.
+        """
+        outcome = _storable_outcome(outcome)
 
         async def once() -> None:
             if not _still_open(self.state, call):
@@ -605,7 +613,7 @@ class _Turn:
                         actor="tool",
                         tool_call_id=call.tool_call_id,
                         wait_id=wait.wait_id,
-                        result=result,
+                        result=storable(jsonable(result)),  # as _record does for results
                     )
                 ]
             )
@@ -638,6 +646,22 @@ def _count_tokens(model: str, decision: Decision) -> None:
     ):
         if n:
             metrics.MODEL_TOKENS.labels(model=model, kind=kind).inc(n)
+
+
+def _storable_outcome(outcome: ev.Event) -> ev.Event:
+    """A tool's outcome with what the tool gave (its result, an error's text, a wait's
+    data) made storable by ``tools.output``; the one boundary every tool source crosses."""
+    update: dict[str, Any] = {}
+    if isinstance(outcome, ev.ToolResult):
+        update["output"] = storable(outcome.output)
+        if outcome.error is not None:
+            update["error"] = storable_text(outcome.error)
+    elif isinstance(outcome, ev.ToolOutcomeUnknown | ev.RetryScheduled):
+        update["error"] = storable_text(outcome.error)
+    elif isinstance(outcome, ev.WaitStarted):
+        # Cleaned, never cut: the tool's poll function reads this data back.
+        update = {"description": clean_text(outcome.description), "data": clean(outcome.data)}
+    return outcome.model_copy(update=update) if update else outcome
 
 
 def _tool_outcome(outcome: ev.Event) -> str:

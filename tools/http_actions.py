@@ -20,7 +20,11 @@ Values that are not strings are written as JSON (``true``, ``3``). Only names de
 the argument schema are placeholders; other braces are left as they are.
 
 Answers: 2xx is ``{"status": ..., "body": <JSON or text>}``; any status not named below
-raises :class:`ToolError` naming the status and host with a short excerpt.
+raises :class:`ToolError` naming the status and host with a short excerpt. At most
+``MAX_RESULT_BYTES`` (1 MiB) of an answer is read: the body of a longer one is
+``{"cut": <note>, "head": <the text read>}``, the shape of any cut result
+(``tools/output.py``, which the runner applies to every tool's result), without the
+whole size and digest, which stay unknown: the rest is never read.
 
 What a failure means depends on whether the request could have had its effect. Before
 the request went out (connection refused, DNS, a connect timeout) nothing happened: that
@@ -61,6 +65,7 @@ from multidict import CIMultiDict
 
 from tools.context import ToolContext
 from tools.errors import OutcomeUnknown, RetryableToolError, ToolError, ToolLoadError
+from tools.output import HEAD_BYTES, MAX_RESULT_BYTES, cut_note, fit_text
 from tools.registry import Tool
 from tools.schema_tool import SchemaArguments, schema_tool
 
@@ -73,7 +78,7 @@ _LINE_BREAK = re.compile(r"[\r\n\x00]")
 _DOT_SEGMENTS = frozenset({".", "..", "%2e", ".%2e", "%2e.", "%2e%2e"})
 # Headers that never hold a credential, so answers echoing them are left alone.
 _PLAIN_HEADERS = frozenset({"accept", "accept-language", "content-type", "user-agent"})
-_MAX_BODY_BYTES = 1 << 20
+_MAX_BODY_BYTES = MAX_RESULT_BYTES  # read no more than a result may store
 _EXCERPT_CHARS = 200
 _REDACTED = "[redacted]"
 
@@ -367,15 +372,21 @@ async def _read_text(resp: aiohttp.ClientResponse) -> tuple[str, bool]:
     return raw[:_MAX_BODY_BYTES].decode(resp.charset or "utf-8", errors="replace"), cut
 
 
-def _parse_body(resp: aiohttp.ClientResponse, text: str, cut: bool) -> Any:
+def _answer(resp: aiohttp.ClientResponse, text: str, cut: bool) -> dict[str, Any]:
+    """A 2xx answer as the tool's result; a body cut at the read limit says so first."""
+    if cut:
+        # What was read, fitted so that the result stays under the bound (no second cut).
+        head = fit_text(text, HEAD_BYTES)
+        note = cut_note(len(head.encode()), _MAX_BODY_BYTES, whole=False)
+        return {"status": resp.status, "body": {"cut": note, "head": head}}
     if not text:
-        return None
-    if not cut and (resp.content_type == "application/json" or resp.content_type.endswith("+json")):
+        return {"status": resp.status, "body": None}
+    if resp.content_type == "application/json" or resp.content_type.endswith("+json"):
         try:
-            return json.loads(text)
+            return {"status": resp.status, "body": json.loads(text)}
         except ValueError:
             pass
-    return text + ("… [cut at 1 MiB]" if cut else "")
+    return {"status": resp.status, "body": text}
 
 
 def _is_retryable(status: int) -> bool:
@@ -560,7 +571,7 @@ class HttpActions:
             ctx.attempt,
         )
         if 200 <= resp.status <= 299:
-            return {"status": resp.status, "body": _parse_body(resp, text, cut)}
+            return _answer(resp, text, cut)
         detail = _excerpt(text) or (resp.reason or "")
         message = f"HTTP {resp.status} from {host}" + (f": {detail}" if detail else "")
         if 300 <= resp.status <= 399:

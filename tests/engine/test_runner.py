@@ -13,8 +13,9 @@ from engine.models.scripted import ask, call, say
 from engine.policy import ApproverPolicy
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
-from tests.support.demo_tools import make_tools
+from tests.support.demo_tools import Args, make_tools
 from tests.support.fakes import FakeClock, RecordingModel
+from tools import ToolContext, ToolError, ToolRegistry, tool
 
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 
@@ -120,6 +121,54 @@ async def test_retry_budget_spent_gives_an_error_result(store):
     state = await runner.run(tid)
     assert state.status == "idle"
     assert "gave up after 2 attempts" in model.last_prompt_text()
+
+
+class Crash(BaseException):
+    """Ends the run between tool_started and the result, as a process dying there would."""
+
+
+async def test_a_call_interrupted_every_time_gives_up_naming_the_attempts_that_ran(store):
+    ran: list[int] = []
+    reg = ToolRegistry()
+
+    @tool(registry=reg)
+    async def fragile(args: Args, ctx: ToolContext) -> dict:
+        """Dies under the runner every time."""
+        ran.append(ctx.attempt)
+        raise Crash
+
+    model = RecordingModel([call("fragile", name="x"), say("gave up")])
+    runner = Runner(store, model, reg, RunnerConfig(max_tool_attempts=3))
+    tid = await start(store)
+    for _ in range(3):
+        with pytest.raises(Crash):
+            await runner.run(tid)
+    state = await runner.run(tid)
+    assert state.status == "idle"
+    assert ran == [1, 2, 3]
+    assert "Tool failed: gave up after 3 attempts" in model.last_prompt_text()
+
+
+async def test_a_tool_answer_with_lone_surrogates_is_stored_replaced(store):
+    reg = ToolRegistry()
+
+    @tool(registry=reg)
+    async def odd(args: Args, ctx: ToolContext) -> dict:
+        """Answers what a JSON decoder gave it."""
+        return {"x": "lone \ud800", "k\udc00": ["\ud83d\ude00"]}
+
+    @tool(registry=reg)
+    async def odd_error(args: Args, ctx: ToolContext) -> dict:
+        """Fails with what a JSON decoder gave it."""
+        raise ToolError("no such host \ud800")
+
+    model = RecordingModel([call("odd", name="x"), call("odd_error", name="y"), say("done")])
+    tid = await start(store)
+    state = await Runner(store, model, reg).run(tid)
+    assert state.status == "idle"
+    ok, failed = [e for e in await store.select_events(tid) if e.type == "tool_result"]
+    assert ok.output == {"x": "lone \ufffd", "k\ufffd": ["\ufffd\ufffd"]}  # type: ignore[union-attr]
+    assert failed.error == "ToolError: no such host \ufffd"  # type: ignore[union-attr]
 
 
 async def test_a_tool_that_raises_gives_an_error_result_the_model_sees(store):

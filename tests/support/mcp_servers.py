@@ -8,6 +8,10 @@ Run as a script::
 The low-level server (not ``MCPServer``) because the tests need what a decorator hides:
 a ``tools/list`` split into pages, and a definition that changes while the server runs
 (``redefine``), which is what a pinned approval must catch.
+
+``unreadable`` answers with a lone surrogate escape (``\\ud800``): valid JSON that the
+SDK cannot serialise, so the server writes :data:`LONE` and its output is rewritten on
+the wire (stdout, or the HTTP response body) to the escape of the same length.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import argparse
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import mcp_types as types
@@ -24,6 +28,7 @@ from mcp.server.lowlevel import Server
 
 PAGE_SIZE = 2  # small, so that the client has to follow next_cursor
 LONG_NAME = "x" * 60  # mcp__demo__ + 60 characters > Anthropic's 64
+LONE = "@LONE@"  # becomes \ud800 on the wire: both are 6 bytes, so lengths still hold
 
 _descriptions = {
     "echo": "Echo the text back.",
@@ -36,6 +41,8 @@ _descriptions = {
     "bump": "Count one more call and return the count (a side effect to count).",
     "sleep": "Sleep for the given number of seconds.",
     "redefine": "Change the description of a tool; an empty description removes it.",
+    "unreadable": "Answer with a lone surrogate escape, which the SDK cannot parse.",
+    "big": "Answer with a text of the given number of bytes.",
     LONG_NAME: "A tool whose prefixed name is too long.",
 }
 _schemas: dict[str, dict[str, Any]] = {
@@ -47,6 +54,7 @@ _schemas: dict[str, dict[str, Any]] = {
     },
     "fail": {"type": "object", "properties": {"message": {"type": "string"}}},
     "sleep": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    "big": {"type": "object", "properties": {"size": {"type": "integer"}}, "required": ["size"]},
     "redefine": {
         "type": "object",
         "properties": {"tool": {"type": "string"}, "description": {"type": "string"}},
@@ -141,15 +149,48 @@ def build_server(*, long_name: bool = False) -> Server[Any]:
                 else:
                     _removed.add(args["tool"])
                 return types.CallToolResult(content=_text("redefined"))
+            case "unreadable":
+                return types.CallToolResult(content=_text(f"lone {LONE}"))
+            case "big":
+                return types.CallToolResult(content=_text("x" * int(args["size"])))
         return types.CallToolResult(content=_text(f"no tool {params.name}"), is_error=True)
 
     return Server("demo", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
+class _Unreadable:
+    """A text stream writing :data:`LONE` as a lone surrogate escape."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, text: str) -> int:
+        return self.out.write(text.replace(LONE, "\\ud800"))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _unreadable_bodies(app: Any) -> Any:
+    """ASGI middleware writing :data:`LONE` in response bodies as a lone surrogate escape."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        async def rewriting(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"").replace(LONE.encode(), b"\\ud800")
+                message = {**message, "body": body}
+            await send(message)
+
+        await app(scope, receive, rewriting)
+
+    return wrapped
+
+
 async def _serve_stdio(server: Server[Any]) -> None:
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
+    stdout = anyio.wrap_file(_Unreadable(sys.stdout))
+    async with stdio_server(stdout=stdout) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
@@ -164,7 +205,7 @@ async def _serve_http(server: Server[Any], port: int) -> None:
     sock.bind(("127.0.0.1", port))
     sock.listen(64)  # before "PORT": a client connecting right away waits in the backlog
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    app = server.streamable_http_app(host="127.0.0.1")
+    app = _unreadable_bodies(server.streamable_http_app(host="127.0.0.1"))
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])
 

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from engine.models.scripted import call, say
+from tests.support.approved import results, run_approved
 from tests.support.servers import serve
 from tools import RetryableToolError, ToolContext, ToolError, ToolLoadError
 from tools.errors import OutcomeUnknown
@@ -26,6 +28,7 @@ from tools.http_actions import (
     HttpActions,
     retry_after_seconds,
 )
+from tools.output import MAX_RESULT_BYTES, storable
 from tools.registry import Tool
 
 SECRET = "s3cr3t-platform-token-0042"
@@ -304,6 +307,36 @@ async def test_a_2xx_text_answer_is_text(upstream, opened) -> None:
     upstream.answers.append(_reply(200, "restarted"))
     tool = await opened(_action(f"{upstream.base}/x"))
     assert await _run(tool, {"service": "api"}) == {"status": 200, "body": "restarted"}
+
+
+@pytest.mark.parametrize("header", [None, KEYED])
+async def test_an_answer_with_a_lone_surrogate_is_stored_replaced_after_one_request(
+    store, upstream, opened, header
+) -> None:
+    # Valid JSON that Python decodes to a lone surrogate, which neither UTF-8 nor jsonb
+    # can hold: it used to fail the append after the call (unknown outcome, or a re-send).
+    upstream.answers.append(
+        _reply(200, '{"x": "lone \\ud800"}', **{"Content-Type": "application/json"})
+    )
+    tool = await opened(_action(f"{upstream.base}/x", idempotency_header=header))
+    events, model = await run_approved(store, [tool], [call(tool.name, service="api"), say("ok")])
+    [result] = results(events)
+    assert result.ok and result.output == {"status": 200, "body": {"x": "lone \ufffd"}}
+    assert len(upstream.seen) == 1
+    assert "lone \ufffd" in model.last_prompt_text()
+
+
+async def test_an_answer_past_the_read_limit_is_cut_and_says_so_first(upstream, opened) -> None:
+    upstream.answers.append(_reply(200, "y" * (3 * MAX_RESULT_BYTES)))
+    tool = await opened(_action(f"{upstream.base}/x"))
+    answer = await _run(tool, {"service": "api"})
+    head = answer["body"]["head"]
+    assert set(head) == {"y"} and len(head) < MAX_RESULT_BYTES
+    assert answer["body"]["cut"] == (
+        f"[cut: more than {MAX_RESULT_BYTES:,} bytes; showing the first {len(head):,} bytes]"
+    )
+    # Under the bound already: the runner's own cut leaves it as it is.
+    assert storable(answer) is answer
 
 
 async def test_a_404_is_an_error_the_model_sees(upstream, opened) -> None:

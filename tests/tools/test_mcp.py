@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.models.scripted import call, say
+from tests.support.approved import results, run_approved
 from tests.support.mcp_servers import LONG_NAME
 from tools import RetryableToolError, Tool, ToolContext, ToolError, ToolLoadError
 from tools.errors import OutcomeUnknown
@@ -24,6 +28,7 @@ from tools.mcp import (
     current_definitions,
     definition_hash,
 )
+from tools.output import MAX_RESULT_BYTES
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +44,8 @@ ALL = [
     "bump",
     "sleep",
     "redefine",
+    "unreadable",
+    "big",
 ]
 
 
@@ -119,7 +126,7 @@ async def opened(src: McpSource) -> dict[str, Tool]:
 
 async def test_stdio_lists_every_page_and_calls_a_tool(source):
     tools = await opened(source)
-    assert sorted(tools) == sorted(ALL)  # 10 tools arrive in pages of 2
+    assert sorted(tools) == sorted(ALL)  # 12 tools arrive in pages of 2
     echo = tools["echo"]
     assert echo.name == "mcp__demo__echo"
     assert echo.source == "mcp:demo"
@@ -169,6 +176,52 @@ async def test_an_error_result_is_a_tool_error_with_the_servers_text(source):
         await run(tools["fail"], {"message": "disk full on node-3"})
     assert str(caught.value) == "disk full on node-3"
     assert not isinstance(caught.value, RetryableToolError)
+
+
+UNREADABLE = (
+    "MCP server 'demo' sent a message that could not be read "
+    "(Invalid JSON: unexpected end of hex escape at line 1 column "
+)
+
+
+async def test_an_answer_the_sdk_cannot_parse_fails_the_call_at_once_over_stdio(source):
+    tools = await opened(source)
+    # The SDK drops the unparsable line; without our handler the call waits forever
+    # (no call timeout here): the guard below only stops a hung test.
+    async with asyncio.timeout(120):
+        with pytest.raises(ToolError) as caught:
+            await run(tools["unreadable"], {})
+    assert type(caught.value) is ToolError  # a server error: not retried, not "unknown"
+    assert str(caught.value).startswith(UNREADABLE)
+    assert await run(tools["echo"], {"text": "still here"}) == {"text": "echo: still here"}
+
+
+async def test_an_answer_the_sdk_cannot_parse_fails_the_call_over_http(http_server):
+    src = McpSource(McpServer(name="demo", url=http_server.url))
+    try:
+        tools = await opened(src)
+        with pytest.raises(ToolError) as caught:
+            await run(tools["unreadable"], {})
+        assert type(caught.value) is ToolError
+        assert str(caught.value).startswith(UNREADABLE)
+        assert await run(tools["echo"], {"text": "x"}) == {"text": "echo: x"}
+    finally:
+        await src.close()
+
+
+async def test_a_result_over_the_bound_is_stored_cut_with_its_size_and_digest(store, source):
+    size = 3 * MAX_RESULT_BYTES
+    big = (await opened(source))["big"]
+    events, model = await run_approved(store, [big], [call(big.name, size=size), say("ok")])
+    [result] = results(events)
+    full = json.dumps({"text": "x" * size}, separators=(",", ":")).encode()
+    assert result.ok and result.output["bytes"] == len(full)
+    assert result.output["sha256"] == hashlib.sha256(full).hexdigest()
+    stored = json.dumps(result.output, ensure_ascii=False).encode()
+    assert len(stored) <= MAX_RESULT_BYTES
+    note = f"[cut: {len(full):,} bytes, sha256 {result.output['sha256']}; showing the first "
+    assert result.output["cut"].startswith(note)
+    assert note in model.last_prompt_text()  # what the model was shown of the result
 
 
 async def test_the_allowlist_keeps_only_the_named_tools():

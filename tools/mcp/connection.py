@@ -11,7 +11,15 @@ futures. A broken session marks its worker broken; the next request starts a new
 A tool call is the exception to "retryable": once its ``tools/call`` message has been
 handed to the transport, losing the connection (or the answer timing out) means the
 server may have run it, so that failure is ``OutcomeUnknown`` and a person decides.
-The transport's write stream is wrapped to note, per request, that the call went out.
+The transport's write stream is wrapped to note, per request, that the call went out
+and under which JSON-RPC ids.
+
+A message the SDK cannot parse (a lone surrogate escape, which its JSON parser refuses;
+a line that is not JSON) reaches us only as an exception on the session's message
+handler (the stdio transport drops it otherwise, and the request it answered would wait
+out its timeout). The request it answers fails at once as a server error; when it names
+no request we can tell, every request waiting on the session fails the same way. Over
+streamable HTTP the SDK itself answers such a response with a parse error.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -31,7 +41,8 @@ import httpx2
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
+from pydantic import ValidationError
 
 from tools.errors import OutcomeUnknown, ToolError
 from tools.mcp.config import McpServer
@@ -55,6 +66,7 @@ class _Request:
     call: str | None = None  # the server's tool name when this request runs a tool
     sent: bool = False  # its tools/call message was handed to the transport
     scope: anyio.CancelScope | None = None
+    rpc_ids: set[types.RequestId] = field(default_factory=set)  # of the requests it sent
 
 
 # The request the current task is serving: the SDK writes a request in the task that
@@ -161,7 +173,7 @@ class McpConnection:
         error: BaseException | None = None
         try:
             async with AsyncExitStack() as stack:
-                client = await self._enter(stack)
+                client = await self._enter(stack, worker)
                 worker.ready.set_result(None)
                 async with anyio.create_task_group() as tg:
                     while (req := await worker.queue.get()) is not None:
@@ -184,7 +196,7 @@ class McpConnection:
                 if not req.future.done():
                     req.future.set_exception(self._lost(req, McpUnavailable(reason), error))
 
-    async def _enter(self, stack: AsyncExitStack) -> Client:
+    async def _enter(self, stack: AsyncExitStack, worker: _Worker) -> Client:
         server = self.server
         if server.url is not None:
             http = await stack.enter_async_context(
@@ -197,9 +209,48 @@ class McpConnection:
                 command=server.command, args=list(server.args), env=dict(server.env) or None
             )
             transport = stdio_client(params, errlog=_errlog())
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, Exception):  # what the transport could not parse
+                self._unreadable(worker, message)
+
         # No response cache: a definition check must see the server's tools as they are now.
-        client = Client(_noting_calls_sent(transport), cache=None, client_info=_CLIENT_INFO)
+        client = Client(
+            _noting_calls_sent(transport),
+            cache=None,
+            client_info=_CLIENT_INFO,
+            message_handler=on_message,
+        )
         return await stack.enter_async_context(client)
+
+    def _unreadable(self, worker: _Worker, exc: Exception) -> None:
+        """Fail the request(s) a message the SDK could not parse may have answered."""
+        message = _read_leniently(exc)
+        if isinstance(message, dict) and "id" in message and message.keys() & {"result", "error"}:
+            rid = message["id"]
+            waiting = [
+                r for r in worker.inflight if isinstance(rid, str | int) and rid in r.rpc_ids
+            ]
+        elif isinstance(message, dict):
+            waiting = []  # a notification or a request of the server's: nobody waits on it
+        else:  # not JSON: which request it answers cannot be told, so all of them fail
+            waiting = [r for r in worker.inflight if r.rpc_ids]
+        detail = _parse_failure(exc)
+        log.warning(
+            "mcp message unreadable server=%s reason=%s failed_requests=%d",
+            self.server.name,
+            detail,
+            len(waiting),
+        )
+        for req in waiting:
+            if not req.future.done():
+                req.future.set_exception(self._unreadable_error(detail))
+            if req.scope is not None:
+                req.scope.cancel()  # it waits for an answer that has come and gone
+
+    def _unreadable_error(self, detail: str) -> ToolError:
+        text = f"MCP server {self.server.name!r} sent a message that could not be read ({detail})"
+        return ToolError(self.server.redact(text))
 
     async def _serve(self, worker: _Worker, client: Client, req: _Request) -> None:
         if req.future.done():  # the caller already gave up
@@ -250,6 +301,9 @@ class McpConnection:
         if isinstance(exc, ToolError):
             return exc
         if isinstance(exc, MCPError):
+            if exc.code == PARSE_ERROR and exc.message.startswith("Failed to parse"):
+                # The SDK's own stand-in for an answer it could not parse (HTTP transport).
+                return self._unreadable_error(_parse_failure(exc.message))
             lost = exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT) or (
                 exc.code == INVALID_REQUEST and "terminated" in str(exc).lower()
             )
@@ -289,6 +343,9 @@ class _CallNotingStream:
 
     async def send(self, item: Any, /) -> None:
         req = _serving.get()
+        message = getattr(item, "message", None)
+        if req is not None and isinstance(message, types.JSONRPCRequest):
+            req.rpc_ids.add(message.id)  # so that an unreadable answer finds its request
         if req is None or req.call is None or not _is_tool_call(item):
             await self._inner.send(item)
             return
@@ -317,6 +374,38 @@ class _CallNotingStream:
 async def _noting_calls_sent(transport: Any) -> AsyncIterator[tuple[Any, Any]]:
     async with transport as (read_stream, write_stream):
         yield read_stream, _CallNotingStream(write_stream)
+
+
+def _read_leniently(exc: Exception) -> Any:
+    """The message the SDK failed to parse, read by Python's ``json`` (which takes lone
+    surrogates); None when it was not JSON at all or cannot be recovered."""
+    if not isinstance(exc, ValidationError):
+        return None
+    for error in exc.errors():
+        raw = error.get("input")
+        if error["type"] == "json_invalid" and isinstance(raw, str | bytes):  # the whole line
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return None
+        if isinstance(raw, dict) and "jsonrpc" in raw:  # valid JSON of the wrong shape
+            return raw
+    return None
+
+
+_PYDANTIC_LINE = re.compile(r"^\s+(.+?) \[type=", re.MULTILINE)
+
+
+def _parse_failure(exc: BaseException | str) -> str:
+    """One short line on why a message could not be parsed, without the message itself."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        text = str(exc.errors()[0].get("msg", ""))
+    elif found := _PYDANTIC_LINE.search(str(exc)):
+        text = found.group(1)
+    else:
+        text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 200 else flat[:200] + "…"
 
 
 def _leaf(exc: BaseException) -> BaseException:
