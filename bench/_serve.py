@@ -142,7 +142,7 @@ async def post_hook(
     headers = {
         "Content-Type": "application/json",
         TIMESTAMP_HEADER: stamp,
-        SIGNATURE_HEADER: signature(WEBHOOK_SECRET, stamp, body),
+        SIGNATURE_HEADER: signature(WEBHOOK_SECRET, stamp, wait_id, body),
     }
     async with http.post(f"{replica.base}/hooks/{wait_id}", data=body, headers=headers) as resp:
         text = await resp.text()

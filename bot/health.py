@@ -1,5 +1,8 @@
 """``GET /healthz``: 200 when the database answers, 503 when it does not; ``GET /metrics``.
 
+/metrics is unauthenticated, as Prometheus endpoints usually are: it is served beside
+/healthz, or alone (``make_metrics_app``) on ``OPSLOOP_METRICS_PORT``, off the public port.
+
 Docker's HEALTHCHECK and load balancers call /healthz; it must answer quickly either
 way, so the database ping is bounded by ``PING_TIMEOUT_S``. /metrics is the Prometheus
 text format of this process's metrics (``engine.metrics``) plus threads by status and
@@ -53,11 +56,20 @@ async def metrics_page(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-def make_health_app(store: Store) -> web.Application:
-    """An aiohttp app serving ``GET /healthz`` and ``GET /metrics`` for ``store``; others
-    add their routes."""
+def make_health_app(store: Store, *, metrics: bool = True) -> web.Application:
+    """An aiohttp app serving ``GET /healthz`` and (unless ``metrics`` is false: they are
+    served on a port of their own) ``GET /metrics`` for ``store``; others add their routes."""
     app = web.Application()
     app[STORE_KEY] = store
     app.router.add_get("/healthz", healthz)
+    if metrics:
+        app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+def make_metrics_app(store: Store) -> web.Application:
+    """An aiohttp app serving ``GET /metrics`` alone, for the internal metrics port."""
+    app = web.Application()
+    app[STORE_KEY] = store
     app.router.add_get("/metrics", metrics_page)
     return app

@@ -1,7 +1,9 @@
-"""v0 request signatures, as Slack signs its requests (and our webhook senders sign theirs).
+"""Request signatures, as Slack signs its requests (and our webhook senders sign theirs).
 
-``X-…-Signature: v0=<hex HMAC-SHA256 of "v0:<timestamp>:<raw body>">``, checked on the raw
-bytes before anything is parsed, so an unsigned body costs one HMAC and nothing more
+``X-…-Signature: <version>=<hex HMAC-SHA256 of "<version>:<timestamp>:<bound:…><raw body>">``:
+Slack's ``v0`` binds nothing but the timestamp; our webhooks' ``v1`` also binds the wait
+id, so one wait's signature never passes for another's. Checked on the raw bytes before
+anything is parsed, so an unsigned body costs one HMAC and nothing more
 (https://docs.slack.dev/authentication/verifying-requests-from-slack). Pure: no I/O.
 """
 
@@ -11,11 +13,12 @@ import hashlib
 import hmac
 import re
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 MAX_SKEW_S = 300
 _DIGITS = re.compile(r"[0-9]{1,15}")
-_SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Headers(Protocol):
@@ -24,9 +27,12 @@ class Headers(Protocol):
     def get(self, key: str, /) -> str | None: ...
 
 
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    base = b"v0:" + timestamp.encode() + b":" + body
-    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+def signature(
+    secret: str, timestamp: str, body: bytes, *, version: str = "v0", bound: Sequence[str] = ()
+) -> str:
+    """``<version>=<hex HMAC-SHA256 of "<version>:<timestamp>:<bound…:><body>">``."""
+    base = ":".join((version, timestamp, *bound, "")).encode() + body
+    return f"{version}=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
 
 
 def one_header(headers: Headers, name: str) -> str | None:
@@ -48,8 +54,11 @@ def check(
     timestamp_header: str,
     signature_header: str,
     now: float | None = None,
+    version: str = "v0",
+    bound: Sequence[str] = (),
 ) -> str | None:
-    """None if ``body`` is signed with ``secret`` in ``headers``; otherwise why not."""
+    """None if ``body`` (with ``bound``) is signed with ``secret`` in ``headers`` by the
+    scheme ``version``; otherwise why not."""
     try:
         stamp = one_header(headers, timestamp_header)
         given = one_header(headers, signature_header)
@@ -59,10 +68,11 @@ def check(
         return "missing signature headers"
     if not _DIGITS.fullmatch(stamp):
         return "malformed timestamp"
-    if not _SIGNATURE.fullmatch(given):
+    scheme, _, digest = given.partition("=")
+    if scheme != version or not _DIGEST.fullmatch(digest):
         return "malformed signature"
     if abs((time.time() if now is None else now) - int(stamp)) > MAX_SKEW_S:
         return "stale timestamp"
-    if not hmac.compare_digest(signature(secret, stamp, body), given):
+    if not hmac.compare_digest(signature(secret, stamp, body, version=version, bound=bound), given):
         return "bad signature"
     return None

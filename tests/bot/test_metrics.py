@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -19,19 +20,18 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.blocks import APPROVE_ACTION
 from bot.health import make_health_app
+from bot.render.approval import APPROVE_ACTION
 from bot.slack_metrics import error_of, instrument, method_of
 from engine import metrics
 from engine.context import Prompt
-from engine.db import create_engine, parse_database_url
 from engine.inputs import post_user_message
 from engine.logs import bound
 from engine.models.anthropic import AnthropicModel
 from engine.models.base import ModelError
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store, store_for
 from tests.bot.test_cli import SECRETS, _free_port, fakes_in_a_thread
 from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, serve
 from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
@@ -51,6 +51,14 @@ def scrape(port: int) -> tuple[str, Samples]:
         for s in family.samples:
             samples[(s.name, frozenset(s.labels.items()))] = s.value
     return kind, samples
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -138,6 +146,39 @@ def test_metrics_of_a_real_serve_after_one_approved_thread(tmp_path: Path) -> No
     )
     for secret in SECRETS.values():
         assert secret not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("own_port", [True, False], ids=["OPSLOOP_METRICS_PORT", "unset"])
+def test_metrics_on_their_own_port_are_not_on_the_main_one(tmp_path: Path, own_port: bool) -> None:
+    """With OPSLOOP_METRICS_PORT a proxy in front of PORT cannot expose /metrics: the main
+    port answers 404 there and the metrics port serves the scrape (and nothing else)."""
+    port = _free_port()
+    metrics_port = next(p for p in iter(_free_port, None) if p != port)
+    extra = {"OPSLOOP_METRICS_PORT": str(metrics_port)} if own_port else {}
+    with fakes_in_a_thread() as (claude, slack):
+        proc = serve(
+            f"sqlite:///{tmp_path / 'serve.db'}", claude.url, slack.url, None, port=port, **extra
+        )
+        try:
+            _wait_healthy(proc, port)
+            if own_port:
+                assert _status(port, "/metrics") == 404
+                kind, samples = scrape(metrics_port)
+                assert _status(metrics_port, "/healthz") == 404
+            else:
+                kind, samples = scrape(port)  # 200 on the main port, as before
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    assert kind.startswith("text/plain; version=0.0.4")
+    assert total(samples, "opsloop_threads") == 0  # read from the database: the full scrape
+    assert ("opsloop_threads", frozenset({("status", "running")})) in samples
 
 
 def _settled_scrape(port: int, proc, slack: FakeSlack, within: float = 30) -> tuple[str, Samples]:
@@ -313,8 +354,7 @@ async def test_the_anthropic_adapter_counts_its_errors_by_kind(
 
 
 async def test_metrics_answer_without_the_database_counts_when_it_is_unreachable() -> None:
-    config = parse_database_url("postgresql://postgres@127.0.0.1:1/x")
-    store = Store(create_engine(config), config)  # built without connecting
+    store = store_for("postgresql://postgres@127.0.0.1:1/x")  # built without connecting
     try:
         app = make_health_app(store)
         async with TestClient(TestServer(app)) as client:
@@ -329,7 +369,7 @@ async def test_metrics_answer_without_the_database_counts_when_it_is_unreachable
 
 
 async def test_metrics_read_the_database_at_each_scrape(sqlite_url: str) -> None:
-    store = await Store.open(sqlite_url)
+    store = await open_store(sqlite_url)
     try:
         async with TestClient(TestServer(make_health_app(store))) as client:
             first = await (await client.get("/metrics")).text()

@@ -53,3 +53,14 @@ def test_every_long_running_service_has_a_health_check() -> None:
     replica_check = " ".join(services["opsloop-1"]["healthcheck"]["test"])
     assert "127.0.0.1:3000/healthz" in replica_check
     assert "healthcheck" not in services["migrate"]  # a one-off step, judged by its exit
+
+
+def test_metrics_stay_off_the_public_port() -> None:
+    services = _compose()["services"]
+    for name in ("opsloop-1", "opsloop-2"):
+        metrics_port = services[name]["environment"]["OPSLOOP_METRICS_PORT"]
+        assert metrics_port != services[name]["environment"]["PORT"]
+        assert "ports" not in services[name] and "expose" not in services[name]
+    assert services["proxy"]["ports"] == ["3000:3000"]
+    conf = " ".join((DEPLOY / "nginx.conf").read_text().split())
+    assert "location = /metrics { return 404; }" in conf
