@@ -29,7 +29,7 @@ from engine.inputs import post_user_message
 from engine.models.base import Decision
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig, project_thread
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tools import ToolContext, ToolRegistry, tool
 
 SIZES = (10, 100, 1000, 10_000)
@@ -113,7 +113,7 @@ async def main(quick: bool) -> dict:
     sizes = SIZES[:3] if quick else SIZES
     tools = make_tools()
     with tempfile.TemporaryDirectory() as tmp:
-        store = await Store.open(f"sqlite:///{Path(tmp) / 'growth.db'}")
+        store = await open_store(f"sqlite:///{Path(tmp) / 'growth.db'}")
         try:
             cfg = RunnerConfig(context_budget_tokens=BUDGET_TOKENS, lease_ttl_s=600)
             runner = Runner(store, RoundModel(), tools, cfg)

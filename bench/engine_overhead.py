@@ -10,10 +10,10 @@ Measured in one process, one run:
   answer, with no latency. A *step* is one model decision plus its tool execution (two
   engine commits: decision + ``tool_started``, then ``tool_result``); its time is the
   time between two consecutive ``next_step`` calls of the model within one thread.
-* engine, 50 threads at once (``Store.open(url, pool_size=50)``): each thread is posted
+* engine, 50 threads at once (``open_store(url, pool_size=50)``): each thread is posted
   (front door) and run to rest; steps/s = tool steps done / wall time. Durable
   transactions are counted exactly by wrapping the store's write methods
-  (``create_thread``, a new thread with its first input, ``insert_events`` that stored
+  (``create_thread``, a new thread with its first input, ``append`` that stored
   rows, lease acquire/renew/release, ``set_wake_at``). A 20-step thread commits 44 of
   them: its row with the message, the lease, 2 x 20 for the steps, the final answer,
   the lease release.
@@ -62,7 +62,7 @@ from engine.models.base import Decision
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
 from engine.state import reduce
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tools import ToolContext, ToolRegistry, tool
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -78,7 +78,7 @@ _STARTED = time.perf_counter()
 WRITE_METHODS = (
     "create_thread",
     "_append_new_thread",  # a new thread and its first input: one transaction
-    "insert_events",
+    "append",
     "acquire_lease",
     "renew_lease",
     "release_lease",
@@ -199,7 +199,7 @@ class TxCounter:
         async def counted(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             result = await fn(*args, **kwargs)
-            if name == "insert_events":
+            if name == "append":
                 self.append_s.append(time.perf_counter() - start)
                 if result.deduplicated:  # nothing written; its transaction only read
                     return result
@@ -253,7 +253,7 @@ async def bench_single(
 ) -> tuple[float, float]:
     """Step median and p99 of one thread alone; between threads, a burst of raw commits
     (so both sides of ``ratio_step_to_commit`` see the same load on the machine)."""
-    store = await Store.open(url, pool_size=CONCURRENCY)
+    store = await open_store(url, pool_size=CONCURRENCY)
     counter = TxCounter()
     counter.install(store)
     model = TimedModel(ScriptedModel(script()))
@@ -280,7 +280,7 @@ async def bench_single(
         appends = counter.append_s
         log(
             f"1 thread: {len(steps)} steps, median {statistics.median(steps) * 1e6:.0f} us, "
-            f"p99 {quantile(steps, 0.99) * 1e6:.0f} us; store.insert_events median "
+            f"p99 {quantile(steps, 0.99) * 1e6:.0f} us; store.append median "
             f"{statistics.median(appends) * 1e6:.0f} us x {len(appends)} calls "
             f"(~2 per step): ~{2 * statistics.median(appends) * 1e6:.0f} us of each step is "
             f"appending, the rest is runner + projection + model + tool"
@@ -297,7 +297,7 @@ async def bench_single(
 
 
 async def bench_concurrent(url: str, plan: Plan) -> tuple[float, float]:
-    store = await Store.open(url, pool_size=CONCURRENCY)
+    store = await open_store(url, pool_size=CONCURRENCY)
     counter = TxCounter()
     counter.install(store)
     tools = make_tools()
@@ -351,7 +351,7 @@ def replica_main(job: ReplicaJob, ready: Any, go: Any, results: Any) -> None:
 
 
 async def _replica(job: ReplicaJob, ready: Any, go: Any) -> dict[str, Any]:
-    store = await Store.open(job.url, pool_size=job.pool_size)
+    store = await open_store(job.url, pool_size=job.pool_size)
     try:
         counter = TxCounter()
         counter.install(store)
@@ -398,7 +398,7 @@ async def replicas_round(url: str, plan: Plan, replicas: int) -> dict[str, Any]:
     """Replica k tries the threads in an order rotated by k/N of the list, so each
     starts where the others are not; the lease decides who runs each thread."""
     n, steps = plan.concurrent_threads, plan.concurrent_steps
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         ids = [await post_thread(store) for _ in range(n)]
     finally:
@@ -424,7 +424,7 @@ async def replicas_round(url: str, plan: Plan, replicas: int) -> dict[str, Any]:
             await asyncio.to_thread(proc.join, 30)
             if proc.is_alive():
                 proc.kill()
-    store = await Store.open(url)
+    store = await open_store(url)
     try:  # what the log says, not only what the replicas said
         for thread_id in ids:
             check_done(thread_id, await store.load(thread_id), steps)
@@ -584,7 +584,7 @@ async def build_thread(store: Store, n: int, batch: int = 100) -> str:
     events = legal_events(n)
     state = None
     for i in range(0, n, batch):
-        done = await store.insert_events(thread_id, events[i : i + batch], i, state=state)
+        done = await store.append(thread_id, i, events[i : i + batch], state=state)
         state = done.state
     return thread_id
 
@@ -601,7 +601,7 @@ async def time_load(store: Store, thread_id: str, runs: int) -> float:
 
 
 async def bench_load(url: str, plan: Plan) -> tuple[float, float]:
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         small = await build_thread(store, 10)
         start = time.perf_counter()
@@ -635,7 +635,7 @@ async def main(quick: bool, profile_top: int, replicas: int = 1) -> dict[str, An
     async with bench_schema(dsn) as schema:
         url = with_schema(dsn, schema)
         # Creates the engine's tables first: the raw table copies the events table.
-        await (await Store.open(url)).close()
+        await (await open_store(url)).close()
         await create_raw_table(dsn, schema)
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
         try:

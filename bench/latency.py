@@ -57,9 +57,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench._serve import Replica, post_hook, post_slack, serve_env  # noqa: E402
 from bench.slack_ack import PG_URL, log  # noqa: E402
-from bot.blocks import APPROVE_ACTION, parse_binding  # noqa: E402
+from bot.render.approval import APPROVE_ACTION  # noqa: E402
+from bot.render.common import parse_binding  # noqa: E402
 from engine import events as ev  # noqa: E402
-from engine.store import Store, ThreadKey  # noqa: E402
+from engine.store import Store, ThreadKey, open_store  # noqa: E402
 from tests.fakes.anthropic import FakeAnthropic, Reply  # noqa: E402
 from tests.fakes.slack import (  # noqa: E402
     BOT_USER_ID,
@@ -497,7 +498,7 @@ async def run_backend(
         OPSLOOP_TOOLS="bench._latency_tools",
         BENCH_LATENCY_EFFECTS=str(effects),
     )
-    store = await Store.open(db_url)  # the tables exist before two replicas start at once
+    store = await open_store(db_url)  # the tables exist before two replicas start at once
     replicas: list[Replica] = []
     try:
         names = [f"{backend.name}-{k + 1}" for k in range(backend.replicas)]

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools import Tool, ToolContext, ToolRegistry, tool  # noqa: E402
-from tools.mcp import McpServer, McpSource  # noqa: E402
+from tools.mcp import McpServerConfig, McpSource  # noqa: E402
 
 SERVER = str(ROOT / "tests" / "support" / "mcp_servers.py")
 CTX = ToolContext("bench", "c1", "k1", 1)
@@ -54,8 +54,8 @@ async def median_us(t: Tool, calls: int) -> float:
     return statistics.median(samples)
 
 
-async def mcp_median_us(server: McpServer, calls: int) -> float:
-    source = McpSource(server)
+async def mcp_median_us(server: McpServerConfig, calls: int) -> float:
+    source = McpSource("demo", server)
     try:
         tools = {t.name: t for t in await source.open()}
         return await median_us(tools["mcp__demo__echo"], calls)
@@ -66,7 +66,7 @@ async def mcp_median_us(server: McpServer, calls: int) -> float:
 async def main(calls: int) -> dict:
     python_us = await median_us(echo, calls * 10)
     print(f"python tool: {python_us:.1f} us", file=sys.stderr)
-    stdio = McpServer(name="demo", command=sys.executable, args=(SERVER, "stdio"))
+    stdio = McpServerConfig(command=sys.executable, args=[SERVER, "stdio"])
     stdio_us = await mcp_median_us(stdio, calls)
     print(f"mcp stdio: {stdio_us:.1f} us", file=sys.stderr)
     proc = await asyncio.create_subprocess_exec(
@@ -75,7 +75,7 @@ async def main(calls: int) -> dict:
     try:
         assert proc.stdout is not None
         port = int((await proc.stdout.readline()).split()[1])
-        http = McpServer(name="demo", url=f"http://127.0.0.1:{port}/mcp")
+        http = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp")
         http_us = await mcp_median_us(http, calls)
     finally:
         proc.kill()

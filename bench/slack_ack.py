@@ -32,7 +32,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.store import Store  # noqa: E402
+from engine.store import open_store  # noqa: E402
 from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic, Reply  # noqa: E402
 from tests.fakes.slack import (  # noqa: E402
     BOT_USER_ID,
@@ -224,7 +224,7 @@ async def at_rest(db_url: str, threads: int, within: float = 60) -> None:
     """Until the warm-up's threads are answered and shown: the timed burst starts on a
     process at rest, as a warm-up is meant to leave it (its runs, still going, were
     measured with the burst's first acks)."""
-    store = await Store.open(db_url, create=False)
+    store = await open_store(db_url, create=False)
     try:
         deadline = time.monotonic() + within
         while len(await store.list_threads("idle")) < threads:

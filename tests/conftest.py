@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from engine.store import Store
+from engine.store import Store, open_store
 
 PG_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -82,7 +82,7 @@ async def db_url(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[str]
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[Store]:
-    s = await Store.open(db_url)
+    s = await open_store(db_url)
     try:
         yield s
     finally:

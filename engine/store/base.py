@@ -1,9 +1,11 @@
 """The store port and its dialect-free core: stamping, snapshots, duplicates, errors.
 
 ``Store`` is the port every caller names; ``engine.store.sqlite.SqliteStore`` and
-``engine.store.postgres.PostgresStore`` are whole backends behind it, each writing
-each statement once in its driver's own notation (``?n`` for ``sqlite3``, ``$n`` for
-asyncpg). What does not depend on the dialect lives here, once:
+``engine.store.postgres.PostgresStore`` are whole backends behind it, each holding
+all its SQL in one section at the top of its module, each statement written once
+(``?`` for ``sqlite3``; ``:name`` for asyncpg, numbered once at import).
+``engine.store.open_store(url)`` picks the backend by the URL's dialect. What does not
+depend on the dialect lives here, once:
 
 * stamping: drafts get their envelope and are applied to the caller's state before
   anything is written (``IllegalTransition``: nothing is written);
@@ -36,7 +38,7 @@ from typing import Any, ClassVar, Literal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine import faults, mapper, metrics
-from engine.db import DatabaseConfig, create_engine, parse_database_url
+from engine.db import DatabaseConfig
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
 from engine.state import ThreadState, reduce
@@ -47,17 +49,8 @@ SNAPSHOT_EVERY = 200
 TIMED_STATUSES = ("sleeping", "awaiting_approval", "awaiting_job")
 # Statuses of a thread that ended: what `opsloop archive` may take out of the hot tables.
 ENDED_STATUSES = ("idle", "failed", "cancelled")
-# Both dialects read these alike (status_counts, for GET /metrics).
-STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
-# When each awaiting thread's latest card was asked, the oldest of those.
-OLDEST_APPROVAL_SQL = """
-SELECT min(asked) FROM (
-    SELECT max(e.created_at) AS asked FROM threads t
-    JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
-    WHERE t.status = 'awaiting_approval' GROUP BY t.id
-) AS pending
-"""
-# The columns of a thread row, in ThreadInfo's order (both backends select these).
+# The rows the core reads, whatever the backend: a thread row in ThreadInfo's order, an
+# event row as the mapper takes it (each backend's statements select these columns).
 THREAD_COLUMNS = (
     "id, team, channel, root_ts, requester, status, last_seq, wake_at, lease_owner, "
     "lease_expires_at, created_at, updated_at"
@@ -155,18 +148,13 @@ def statuses_of(status: str | Collection[str] | None) -> list[str] | None:
 class Store(abc.ABC):
     """Threads, their append-only logs, snapshots and leases.
 
-    ``Store(engine, config)`` and ``Store.open(url)`` give the backend of the URL's
-    dialect. ``engine`` (SQLAlchemy) creates the tables from the SQLModel metadata; the
-    verbs run on the backend's own driver connections.
+    ``engine.store.open_store(url)`` gives the backend of the URL's dialect, connected.
+    ``engine`` (SQLAlchemy) creates the tables from the SQLModel metadata (and serves
+    people who run SQL by hand); the verbs run on the backend's own driver connections.
     """
 
     # Driver errors meaning the database cannot be reached (not a refused statement).
     DOWN: ClassVar[tuple[type[BaseException], ...]] = (OSError,)
-
-    def __new__(cls, engine: AsyncEngine, config: DatabaseConfig, **_: Any) -> Store:
-        if cls is Store:
-            cls = _backend(config.dialect)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -189,23 +177,6 @@ class Store(abc.ABC):
     def _setup(self, pool_size: int) -> None:
         """The backend's own connections (``pool_size``: for the concurrent ones)."""
 
-    @classmethod
-    async def open(
-        cls, url: str, *, create: bool = True, pool_size: int = 10, origin: str | None = None
-    ) -> Store:
-        """Connect (and create missing tables); unreachable: ``StoreUnavailable``."""
-        config = parse_database_url(url)
-        store = cls(create_engine(config), config, pool_size=pool_size, origin=origin)
-        try:
-            if create:
-                await store.create_tables()
-            else:
-                await store.ping()
-        except BaseException:
-            await store.close()
-            raise
-        return store
-
     @contextlib.contextmanager
     def _mapped(self, *more: type[BaseException]) -> Iterator[None]:
         """The one place driver errors become ``StoreUnavailable`` (reads and writes)."""
@@ -224,6 +195,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def ping(self) -> None: ...
+
+    @abc.abstractmethod
+    async def has_schema(self) -> bool:
+        """Whether the database holds opsloop's tables (a read-only command refuses one
+        that does not, rather than creating them)."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -369,16 +345,17 @@ class Store(abc.ABC):
         row = await self._dedupe(thread_id, key)
         return mapper.from_row(row) if row is not None else None
 
-    async def insert_events(
+    async def append(
         self,
         thread_id: str,
-        events: Sequence[Event],
         expected_seq: int,
+        events: Sequence[Event],
         *,
         state: ThreadState | None = None,
         now: datetime | None = None,
     ) -> Appended:
-        """Append ``events`` after ``expected_seq`` in one transaction.
+        """Append ``events`` after ``expected_seq`` in one transaction (DESIGN's
+        ``append(thread_id, expected_seq, events)``).
 
         ``state`` is the caller's state at ``expected_seq`` (saves a read); the events
         are applied to it first, so an illegal one raises and nothing is written. An
@@ -414,29 +391,18 @@ class Store(abc.ABC):
                 return Appended(events=[mapper.from_row(stored)], state=None, deduplicated=True)
         raise ConcurrencyConflict(thread_id, expected_seq)
 
-    async def append(
-        self,
-        thread_id: str,
-        expected_seq: int,
-        events: Sequence[Event],
-        *,
-        state: ThreadState | None = None,
-        now: datetime | None = None,
-    ) -> Appended:
-        """DESIGN's ``append(thread_id, expected_seq, events)``: ``insert_events``."""
-        return await self.insert_events(thread_id, events, expected_seq, state=state, now=now)
-
     async def append_input(
         self,
         key: ThreadKey,
-        build: Callable[[ThreadState], Event],
+        build: Callable[[ThreadState], list[Event]],
         *,
         dedupe_key: str | None = None,
         now: datetime | None = None,
         start: bool = True,
         fresh: bool = False,
     ) -> tuple[str, Appended]:
-        """Store the input ``build(state)`` in the thread at ``key`` (created if new, or
+        """Store the input batch ``build(state)`` (an input, with what it decides at once)
+        in the thread at ``key`` (created if new, or
         ``ThreadNotFound`` when ``start`` is false): what a front door does before it
         answers. An input whose ``dedupe_key`` is stored already returns the stored
         event and writes nothing.
@@ -461,16 +427,15 @@ class Store(abc.ABC):
         if dedupe_key and (stored := await self.find_by_dedupe_key(thread_id, dedupe_key)):
             return thread_id, Appended(events=[stored], state=None, deduplicated=True)
         state = await self.load(thread_id)
-        event = build(state)
-        done = await self.insert_events(thread_id, [event], state.last_seq, state=state, now=now)
+        done = await self.append(thread_id, state.last_seq, build(state), state=state, now=now)
         return thread_id, done
 
     async def _append_new_thread(
-        self, key: ThreadKey, build: Callable[[ThreadState], Event], now: datetime
+        self, key: ThreadKey, build: Callable[[ThreadState], list[Event]], now: datetime
     ) -> tuple[str, Appended]:
         thread_id = new_thread_id()
         state = ThreadState(thread_id=thread_id)
-        stamped, new_state = stamp(thread_id, [build(state)], 0, state, now)
+        stamped, new_state = stamp(thread_id, build(state), 0, state, now)
         rows = [mapper.to_row(e) for e in stamped]
         snapshot = snapshot_due(0, new_state)
         outcome = await self._append(
@@ -624,22 +589,3 @@ class Store(abc.ABC):
     async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
         """``({status: threads}, when the oldest pending approval was asked)`` in one
         read of two grouped queries, cheap enough for every scrape; None: none pending."""
-
-
-# Dialect -> backend class, filled by the package (engine/store/__init__.py) as it
-# imports each backend, so the port never imports its implementations.
-BACKENDS: dict[str, type[Store]] = {}
-
-
-def _backend(dialect: str) -> type[Store]:
-    try:
-        return BACKENDS[dialect]
-    except KeyError:
-        raise ValueError(f"no store backend for {dialect!r}") from None  # a bug: URLs are parsed
-
-
-async def open_store(
-    url: str, *, create: bool = True, pool_size: int = 10, origin: str | None = None
-) -> Store:
-    """The backend for ``url``, connected (as DBOS's ``SystemDatabase.create``)."""
-    return await Store.open(url, create=create, pool_size=pool_size, origin=origin)

@@ -3,15 +3,16 @@
 One statement is one round trip and (for a write) one commit: the append moves the
 thread row, inserts the events and upserts the snapshot in data-modifying CTEs, so a
 writer that moved the thread first makes the guarded UPDATE match no row and nothing
-is inserted. Statements are written once, here, with asyncpg's ``$n`` parameters.
-SQLAlchemy is used only to create the tables from the SQLModel metadata.
+is inserted. Every statement is written once, in the SQL section below, with named
+parameters. SQLAlchemy is used only to create the tables from the SQLModel metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -25,8 +26,6 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
-    OLDEST_APPROVAL_SQL,
-    STATUS_COUNTS_SQL,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
@@ -43,6 +42,36 @@ from engine.types import ThreadKey
 
 T = TypeVar("T")
 
+# --- SQL: every statement this backend runs ------------------------------------------
+#
+# Written with ``:name`` parameters and numbered once, at import, into asyncpg's ``$n``
+# (``Statement``): a caller passes values by name, so no one counts to ``$17``.
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")  # ``:name``, not a ``::type`` cast
+
+
+class Statement:
+    """A statement with ``:name`` parameters, as asyncpg's ``$n`` text (``text``) and
+    the names in their numbers' order; ``args(values)`` lines a mapping's values up."""
+
+    __slots__ = ("names", "text")
+
+    def __init__(self, source: str) -> None:
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match[1] not in names:
+                names.append(match[1])
+            return f"${names.index(match[1]) + 1}"
+
+        self.text = _NAMED.sub(number, source)
+        self.names = tuple(names)
+
+    def args(self, values: Mapping[str, Any]) -> list[Any]:
+        """The values in ``$n`` order (names the statement does not use are ignored)."""
+        return [values[name] for name in self.names]
+
+
 # NOTIFY on the schema's channel, in the append's own statement (so at its commit,
 # never for an append that did not happen), when it makes the thread runnable (``wakes``:
 # running now, and not before; the core knows both states, and the guarded UPDATE makes
@@ -53,9 +82,19 @@ T = TypeVar("T")
 # process can hold it. A commit that notified takes PostgreSQL's one notification-queue
 # lock, so notifying every mention serialised a burst's commits (bench/slack_ack.py).
 RUNNABLE_CHANNEL = "opsloop_runnable:"
-# ``$V`` is the events' schema versions.
+# The parameters holding a batch's events, one array per column, and their columns.
+EVENT_ARRAYS = (
+    ("seqs", "seq"),
+    ("event_ids", "event_id"),
+    ("types", "type"),
+    ("actors", "actor"),
+    ("payloads", "payload"),
+    ("dedupe_keys", "dedupe_key"),
+    ("versions", "schema_version"),
+)
 _EVENTS_FROM_ARRAYS = """
-unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $V::int[])
+unnest(:seqs::int[], :event_ids::text[], :types::text[], :actors::text[], :payloads::text[],
+    :dedupe_keys::text[], :versions::int[])
     AS e(seq, event_id, type, actor, payload, dedupe_key, schema_version)
 """
 _INSERT_EVENTS = """
@@ -69,18 +108,17 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
     in the executor even when it matches nothing, and most appends (the runner's) carry
     no dedupe key and are not due a snapshot.
 
-    $1-$6 the events as arrays; $7-$11 the thread's new last_seq, status, wake_at,
-    requester, updated_at; $12 its id; $13 expected_seq; $14 the events' schema
-    versions; $15 the origin; $16 ``wakes``; then, when present, the inputs' dedupe keys
-    and the snapshot, in that order (``_append_args``)."""
-    keys_at, snapshot_at = 17, 18 if keys else 17
+    The events as arrays (``EVENT_ARRAYS``); the thread's new ``last_seq``, ``status``,
+    ``wake_at``, ``requester``, ``now``; its ``thread_id`` and ``expected_seq``; the
+    appending store's ``origin`` and whether the append ``wakes`` the thread; with
+    ``keys``, the inputs' dedupe ``keys``; with ``snapshot``, the ``snapshot``."""
     ctes = []
     if keys:
         # The keys are looked up by their own index: OFFSET 0 keeps the planner from
         # walking the thread's every event in seq order to find the first match.
         ctes.append(f"""stored AS (
     SELECT {EVENT_COLUMNS} FROM (
-        SELECT * FROM events WHERE thread_id = $12 AND dedupe_key = ANY(${keys_at}::text[])
+        SELECT * FROM events WHERE thread_id = :thread_id AND dedupe_key = ANY(:keys::text[])
         OFFSET 0
     ) AS keyed
     ORDER BY seq LIMIT 1
@@ -88,25 +126,26 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
     unstored = " AND NOT EXISTS (SELECT FROM stored)" if keys else ""
     ctes.append(f"""moved AS (
     UPDATE threads
-    SET last_seq = $7, status = $8, wake_at = $9, requester = $10, updated_at = $11
-    WHERE id = $12 AND last_seq = $13{unstored}
+    SET last_seq = :last_seq, status = :status, wake_at = :wake_at, requester = :requester,
+        updated_at = :now
+    WHERE id = :thread_id AND last_seq = :expected_seq{unstored}
     RETURNING id
 )""")
     ctes.append(f"""inserted AS (
     {_INSERT_EVENTS}
-    SELECT moved.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key,
+    SELECT moved.id, e.seq, e.event_id, e.type, e.actor, :now, e.payload, e.dedupe_key,
         e.schema_version
-    FROM moved, {_EVENTS_FROM_ARRAYS.replace("$V", "$14")}
+    FROM moved, {_EVENTS_FROM_ARRAYS}
 )""")
     if snapshot:
-        ctes.append(f"""snapshot AS (
+        ctes.append("""snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
-    SELECT moved.id, $7, ${snapshot_at}::text FROM moved
+    SELECT moved.id, :last_seq, :snapshot::text FROM moved
     ON CONFLICT (thread_id) DO UPDATE SET seq = EXCLUDED.seq, state = EXCLUDED.state
 )""")
-    woke = f"""CASE WHEN $16::bool AND EXISTS (SELECT FROM moved)
+    woke = f"""CASE WHEN :wakes::bool AND EXISTS (SELECT FROM moved)
     THEN pg_notify('{RUNNABLE_CHANNEL}' || coalesce(current_schema(), 'public'),
-        $12::text || ' ' || $15::text)
+        :thread_id::text || ' ' || :origin::text)
     END AS woke"""
     if keys:
         select = f"""SELECT (SELECT count(*) FROM moved) AS moved, stored.*, {woke}
@@ -116,67 +155,68 @@ FROM (SELECT) AS one LEFT JOIN stored ON true"""
     return "\nWITH " + ",\n".join(ctes) + "\n" + select + "\n"
 
 
+# (has dedupe keys, carries a snapshot) -> the append for such a batch.
 APPEND_SQL = {
-    (keys, snapshot): _append_sql(keys=keys, snapshot=snapshot)
+    (keys, snapshot): Statement(_append_sql(keys=keys, snapshot=snapshot))
     for keys in (False, True)
     for snapshot in (False, True)
 }
-
-
-def _append_args(
-    args: tuple[Any, ...], keys: list[str], snapshot: str | None
-) -> tuple[str, tuple[Any, ...]]:
-    """The statement for this batch and its arguments (``args``: $1-$16)."""
-    sql = APPEND_SQL[bool(keys), snapshot is not None]
-    more = ([keys] if keys else []) + ([snapshot] if snapshot is not None else [])
-    return sql, (*args, *more)
-
-
-# A new thread already at its state, with its first events and any snapshot:
-# $13-$15 its team, channel and root_ts, $16 the snapshot, $17 the events' versions.
-CREATE_SQL = f"""
+# A new thread already at its state (as the append's ``moved``), at its ``team``,
+# ``channel`` and ``root_ts``, with its first events and any ``snapshot``.
+CREATE_SQL = Statement(f"""
 WITH created AS (
     INSERT INTO threads
         (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
-    VALUES ($12, $13, $14, $15, $8, $7, $9, $10, $11, $11)
+    VALUES (:thread_id, :team, :channel, :root_ts, :status, :last_seq, :wake_at, :requester,
+        :now, :now)
     ON CONFLICT (team, channel, root_ts) DO NOTHING
     RETURNING id
 ), inserted AS (
     {_INSERT_EVENTS}
-    SELECT created.id, e.seq, e.event_id, e.type, e.actor, $11, e.payload, e.dedupe_key,
+    SELECT created.id, e.seq, e.event_id, e.type, e.actor, :now, e.payload, e.dedupe_key,
         e.schema_version
-    FROM created, {_EVENTS_FROM_ARRAYS.replace("$V", "$17")}
+    FROM created, {_EVENTS_FROM_ARRAYS}
 ), snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
-    SELECT created.id, $7, $16::text FROM created WHERE $16::text IS NOT NULL
+    SELECT created.id, :last_seq, :snapshot::text FROM created WHERE :snapshot::text IS NOT NULL
 )
 SELECT count(*) FROM created
-"""
-CREATE_THREAD_SQL = """
+""")
+CREATE_THREAD_SQL = Statement("""
 WITH created AS (
     INSERT INTO threads (id, team, channel, root_ts, status, last_seq, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, 'new', 0, $5, $5)
+    VALUES (:id, :team, :channel, :root_ts, 'new', 0, :now, :now)
     ON CONFLICT (team, channel, root_ts) DO NOTHING
     RETURNING id
 )
 SELECT id FROM created
-UNION ALL SELECT id FROM threads WHERE team = $2 AND channel = $3 AND root_ts = $4
-"""
-FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = $1 AND channel = $2 AND root_ts = $3"
-THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = $1"
-THREADS_AT_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE channel = $1 AND root_ts = $2"
-LIST_SQL = f"""
+UNION ALL SELECT id FROM threads WHERE team = :team AND channel = :channel AND root_ts = :root_ts
+""")
+FIND_THREAD_SQL = Statement(
+    "SELECT id FROM threads WHERE team = :team AND channel = :channel AND root_ts = :root_ts"
+)
+THREAD_SQL = Statement(f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = :id")
+THREADS_AT_SQL = Statement(
+    f"SELECT {THREAD_COLUMNS} FROM threads WHERE channel = :channel AND root_ts = :root_ts"
+)
+LIST_SQL = Statement(f"""
 SELECT {THREAD_COLUMNS} FROM threads
-WHERE ($1::text[] IS NULL OR status = ANY($1))
-  AND ($2::text IS NULL OR channel = $2)
-  AND ($3::text IS NULL OR requester = $3)
-ORDER BY updated_at DESC LIMIT $4
-"""
-EVENTS_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = $1 AND seq > $2 ORDER BY seq"
-SNAPSHOT_SQL = "SELECT state FROM snapshots WHERE thread_id = $1"
-EXISTS_SQL = "SELECT 1 FROM threads WHERE id = $1"
-DEDUPE_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = $1 AND dedupe_key = $2"
-WAKE_SQL = "UPDATE threads SET wake_at = $3 WHERE id = $1 AND last_seq = $2"
+WHERE (:statuses::text[] IS NULL OR status = ANY(:statuses))
+  AND (:channel::text IS NULL OR channel = :channel)
+  AND (:requester::text IS NULL OR requester = :requester)
+ORDER BY updated_at DESC LIMIT :limit
+""")
+EVENTS_SQL = Statement(
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = :thread_id AND seq > :after ORDER BY seq"
+)
+SNAPSHOT_SQL = Statement("SELECT state FROM snapshots WHERE thread_id = :thread_id")
+EXISTS_SQL = Statement("SELECT 1 FROM threads WHERE id = :thread_id")
+DEDUPE_SQL = Statement(
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = :thread_id AND dedupe_key = :key"
+)
+WAKE_SQL = Statement(
+    "UPDATE threads SET wake_at = :wake_at WHERE id = :thread_id AND last_seq = :expected_seq"
+)
 # Workers' proof of life: a session advisory lock (WORKER_LOCK_CLASS, hashtext(id)),
 # which the server drops with the session, however the process died. Two-key locks
 # show in pg_locks with objsubid 2 (the migrations' one-key lock has 1). A collision
@@ -189,80 +229,126 @@ SELECT dw.id FROM workers dw WHERE NOT EXISTS (
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = {WORKER_LOCK_CLASS} AND l.objid = hashtext(dw.id)::oid)
 """
-
-
-def _takeable(now: str) -> str:
-    """The lease is free, expired at ``now``, or its owner (up to a "/") is a dead
-    worker's."""
-    return f"""(lease_owner IS NULL OR lease_expires_at < {now}
+# The lease is free, expired at ``:now``, or its owner (up to a "/") is a dead worker's.
+_TAKEABLE = f"""(lease_owner IS NULL OR lease_expires_at < :now
     OR split_part(lease_owner, '/', 1) IN ({_DEAD_WORKERS}))"""
-
-
-def _has_work(now: str, statuses: str) -> str:
-    """The thread is running, or its timer is due at ``now``."""
-    return f"(status = 'running' OR (status = ANY({statuses}::text[]) AND wake_at <= {now}))"
-
-
-def _due_where(now: str, statuses: str) -> str:
-    """A thread with work whose lease anyone may take."""
-    return f"{_takeable(now)} AND {_has_work(now, statuses)}"
-
-
+# A thread with work (running, or its timer, one of ``:timed`` statuses, due at ``:now``)
+# whose lease anyone may take.
+_DUE_WHERE = f"""{_TAKEABLE}
+    AND (status = 'running' OR (status = ANY(:timed::text[]) AND wake_at <= :now))"""
 # Returns the lease it replaced (read under the row lock the UPDATE takes anyway).
-ACQUIRE_SQL = f"""
+ACQUIRE_SQL = Statement(f"""
 WITH was AS (
     SELECT lease_owner AS was_owner, lease_expires_at AS was_until
-    FROM threads WHERE id = $1 FOR UPDATE
+    FROM threads WHERE id = :thread_id FOR UPDATE
 )
-UPDATE threads SET lease_owner = $2, lease_expires_at = $3 FROM was
-WHERE id = $1 AND (lease_owner = $2 OR {_takeable("$4")})
+UPDATE threads SET lease_owner = :owner, lease_expires_at = :until FROM was
+WHERE id = :thread_id AND (lease_owner = :owner OR {_TAKEABLE})
 RETURNING was.was_owner, was.was_until
-"""
-RENEW_SQL = "UPDATE threads SET lease_expires_at = $3 WHERE id = $1 AND lease_owner = $2"
-RELEASE_SQL = """
+""")
+RENEW_SQL = Statement(
+    "UPDATE threads SET lease_expires_at = :until WHERE id = :thread_id AND lease_owner = :owner"
+)
+RELEASE_SQL = Statement("""
 UPDATE threads SET lease_owner = NULL, lease_expires_at = NULL
-WHERE id = $1 AND lease_owner = $2
-"""
-DUE_SQL = f"SELECT id FROM threads WHERE {_due_where('$1', '$2')} ORDER BY updated_at LIMIT $3"
+WHERE id = :thread_id AND lease_owner = :owner
+""")
+DUE_SQL = Statement(f"SELECT id FROM threads WHERE {_DUE_WHERE} ORDER BY updated_at LIMIT :limit")
 # Claimed in the statement that finds them: rows another replica is claiming at this
 # moment are skipped (SKIP LOCKED), and one it claimed since our snapshot fails the
 # re-check of FOR UPDATE, so replicas sweeping together never take the same thread.
-# $1 now, $2 the timed statuses, $3 limit, $4 the claiming owner, $5 its lease's end,
-# $6 ids to leave alone.
-CLAIM_SQL = f"""
+# ``:skip``: ids to leave alone.
+CLAIM_SQL = Statement(f"""
 WITH due AS (
     SELECT id, lease_owner AS was_owner, lease_expires_at AS was_until
-    FROM threads WHERE {_due_where("$1", "$2")} AND NOT (id = ANY($6::text[]))
-    ORDER BY updated_at LIMIT $3
+    FROM threads WHERE {_DUE_WHERE} AND NOT (id = ANY(:skip::text[]))
+    ORDER BY updated_at LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
-UPDATE threads SET lease_owner = $4, lease_expires_at = $5 FROM due
+UPDATE threads SET lease_owner = :owner, lease_expires_at = :until FROM due
 WHERE threads.id = due.id
 RETURNING threads.id, due.was_owner, due.was_until
-"""
-WORKER_LOCK_SQL = f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, hashtext($1))"
-WORKER_UNLOCK_SQL = f"SELECT pg_advisory_unlock({WORKER_LOCK_CLASS}, hashtext($1))"
-WORKER_UPSERT_SQL = """
-INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)
+""")
+WORKER_LOCK_SQL = Statement(
+    f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, hashtext(:worker_id))"
+)
+WORKER_UNLOCK_SQL = Statement(
+    f"SELECT pg_advisory_unlock({WORKER_LOCK_CLASS}, hashtext(:worker_id))"
+)
+WORKER_UPSERT_SQL = Statement("""
+INSERT INTO workers (id, host, pid, started_at, heartbeat_at)
+VALUES (:worker_id, :host, :pid, :now, :now)
 ON CONFLICT (id) DO UPDATE
 SET host = EXCLUDED.host, pid = EXCLUDED.pid, heartbeat_at = EXCLUDED.heartbeat_at
-"""
-WORKER_BEAT_SQL = "UPDATE workers SET heartbeat_at = $2 WHERE id = $1"
+""")
+WORKER_BEAT_SQL = Statement("UPDATE workers SET heartbeat_at = :now WHERE id = :worker_id")
 # A worker leaving forgets its row unless it still holds a lease (a run cut short): that
 # row, its lock given up, then proves the lease's owner dead to whoever looks next.
-WORKER_LEAVE_SQL = """
-DELETE FROM workers WHERE id = $1
-  AND NOT EXISTS (SELECT FROM threads WHERE split_part(lease_owner, '/', 1) = $1)
-"""
+WORKER_LEAVE_SQL = Statement("""
+DELETE FROM workers WHERE id = :worker_id
+  AND NOT EXISTS (SELECT FROM threads WHERE split_part(lease_owner, '/', 1) = :worker_id)
+""")
 # Rows of other dead workers that hold no lease: nothing needs them any more.
-WORKER_PRUNE_SQL = f"""
-DELETE FROM workers w WHERE w.id <> $1 AND w.id IN ({_DEAD_WORKERS})
+WORKER_PRUNE_SQL = Statement(f"""
+DELETE FROM workers w WHERE w.id <> :worker_id AND w.id IN ({_DEAD_WORKERS})
   AND NOT EXISTS (SELECT FROM threads t WHERE split_part(t.lease_owner, '/', 1) = w.id)
-"""
-WORKERS_SQL = f"""
+""")
+WORKERS_SQL = Statement(f"""
 SELECT id, host, pid, started_at, heartbeat_at, id NOT IN ({_DEAD_WORKERS}) AS alive
 FROM workers ORDER BY started_at
+""")
+CURRENT_SCHEMA_SQL = Statement("SELECT coalesce(current_schema(), 'public')")
+# Threads that ended (``:statuses``), unchanged since ``:before``, under no live lease.
+_ENDED_WHERE = """
+status = ANY(:statuses::text[]) AND updated_at < :before
+  AND (lease_owner IS NULL OR lease_expires_at < :now)
 """
+ENDED_SQL = Statement(f"""
+SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > :after ORDER BY id LIMIT :limit
+""")
+# One statement, so one transaction: the row goes only if it still matches (an append
+# that moved it first makes the guarded DELETE match nothing, so nothing else goes;
+# one that comes after finds no row). Its children go in the same statement, which
+# the foreign keys (NO ACTION: checked at the statement's end) allow.
+DELETE_THREAD_SQL = Statement(f"""
+WITH gone AS (
+    DELETE FROM threads WHERE {_ENDED_WHERE} AND id = :thread_id AND last_seq = :last_seq
+    RETURNING id
+), events_gone AS (
+    DELETE FROM events WHERE thread_id IN (SELECT id FROM gone)
+), snapshot_gone AS (
+    DELETE FROM snapshots WHERE thread_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone
+""")
+# ``:thread_ids`` NULL: every thread. Bytes: the payload's octets.
+SIZES_SQL = Statement("""
+SELECT thread_id, count(*) AS events, coalesce(sum(octet_length(payload)), 0) AS bytes
+FROM events WHERE :thread_ids::text[] IS NULL OR thread_id = ANY(:thread_ids::text[])
+GROUP BY thread_id
+""")
+STATUS_COUNTS_SQL = Statement("SELECT status, count(*) AS n FROM threads GROUP BY status")
+# When each awaiting thread's latest card was asked, the oldest of those.
+OLDEST_APPROVAL_SQL = Statement("""
+SELECT min(asked) FROM (
+    SELECT max(e.created_at) AS asked FROM threads t
+    JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
+    WHERE t.status = 'awaiting_approval' GROUP BY t.id
+) AS pending
+""")
+PING_SQL = Statement("SELECT 1")
+# Whether the search path finds opsloop's tables (as SQLAlchemy's ``has_table`` asks).
+HAS_SCHEMA_SQL = Statement("""
+SELECT EXISTS (
+    SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relname = 'threads' AND c.relkind IN ('r', 'p', 'f', 'v', 'm')
+      AND pg_table_is_visible(c.oid) AND n.nspname <> 'pg_catalog'
+)
+""")
+# Table creation runs on SQLAlchemy (from the SQLModel metadata), under this lock:
+# CREATE … IF NOT EXISTS races between processes starting together.
+CREATE_TABLES_LOCK_SQL = "SELECT pg_advisory_xact_lock(7270010001)"
+CREATE_SCHEMA_SQL = 'CREATE SCHEMA IF NOT EXISTS "{name}"'  # the name with its quotes doubled
 
 # Errors after which a connection cannot be trusted (a server-side error such as a
 # unique violation leaves it usable).
@@ -334,12 +420,6 @@ def _rows_of(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-def _arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
-    """The events as the arrays ``unnest`` takes, in the statements' order."""
-    names = ("seq", "event_id", "type", "actor", "payload", "dedupe_key")
-    return [[r[name] for r in rows] for name in names]
-
-
 def _create_and_stamp(conn: sa.Connection) -> None:
     """Create missing tables; stamp a new database at this release's schema revision
     (one with tables already is left to ``opsloop migrate``, engine.migrations)."""
@@ -377,18 +457,24 @@ class _Presence:
 
     async def open(self, now: datetime) -> None:
         conn = await self._connect()
+        me = self._row(now)
         try:
             # The lock first, then the row: a row without its lock held reads as dead.
-            if not await conn.fetchval(WORKER_LOCK_SQL, self.worker_id):
+            if not await conn.fetchval(WORKER_LOCK_SQL.text, *WORKER_LOCK_SQL.args(me)):
                 raise ConfigError(f"worker id {self.worker_id!r} is in use by a live process")
-            await conn.execute(WORKER_UPSERT_SQL, self.worker_id, *self._where, now)
+            await conn.execute(WORKER_UPSERT_SQL.text, *WORKER_UPSERT_SQL.args(me))
             if self._on_runnable is not None:
-                schema = await conn.fetchval("SELECT coalesce(current_schema(), 'public')")
+                schema = await conn.fetchval(CURRENT_SCHEMA_SQL.text)
                 await conn.add_listener(RUNNABLE_CHANNEL + schema, self._heard)
         except BaseException:
             conn.terminate()
             raise
         self._conn = conn
+
+    def _row(self, now: datetime) -> dict[str, Any]:
+        """The worker's statement values."""
+        host, pid = self._where
+        return {"worker_id": self.worker_id, "host": host, "pid": pid, "now": now}
 
     def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         thread_id, _, origin = payload.partition(" ")
@@ -398,9 +484,11 @@ class _Presence:
     async def beat(self, now: datetime) -> bool:
         conn = self._conn
         if conn is not None and not conn.is_closed():
+            me = self._row(now)
             try:
-                if _rows_of(await conn.execute(WORKER_BEAT_SQL, self.worker_id, now)) == 0:
-                    await conn.execute(WORKER_UPSERT_SQL, self.worker_id, *self._where, now)
+                beat = await conn.execute(WORKER_BEAT_SQL.text, *WORKER_BEAT_SQL.args(me))
+                if _rows_of(beat) == 0:
+                    await conn.execute(WORKER_UPSERT_SQL.text, *WORKER_UPSERT_SQL.args(me))
                 return True
             except (*BROKEN, *_SERVER_DOWN):  # the session is gone: so is the lock
                 conn.terminate()
@@ -416,8 +504,9 @@ class _Presence:
             return
         try:
             if forget:  # the row first, then the lock
-                await conn.execute(WORKER_LEAVE_SQL, self.worker_id)
-                await conn.fetchval(WORKER_UNLOCK_SQL, self.worker_id)
+                me = {"worker_id": self.worker_id}
+                await conn.execute(WORKER_LEAVE_SQL.text, *WORKER_LEAVE_SQL.args(me))
+                await conn.fetchval(WORKER_UNLOCK_SQL.text, *WORKER_UNLOCK_SQL.args(me))
             await conn.close(timeout=5)
         except BaseException:
             conn.terminate()
@@ -441,24 +530,36 @@ class PostgresStore(Store):
         with self._mapped():
             return await self._pool.run(work)
 
-    async def _fetch(self, sql: str, *args: Any) -> list[Row]:
-        return await self._run(lambda conn: conn.fetch(sql, *args))
+    async def _fetch(self, statement: Statement, **values: Any) -> list[Row]:
+        args = statement.args(values)
+        return await self._run(lambda conn: conn.fetch(statement.text, *args))
 
-    async def _execute(self, sql: str, *args: Any) -> int:
-        return _rows_of(await self._run(lambda conn: conn.execute(sql, *args)))
+    async def _fetchrow(self, statement: Statement, **values: Any) -> Row | None:
+        args = statement.args(values)
+        return await self._run(lambda conn: conn.fetchrow(statement.text, *args))
+
+    async def _fetchval(self, statement: Statement, **values: Any) -> Any:
+        args = statement.args(values)
+        return await self._run(lambda conn: conn.fetchval(statement.text, *args))
+
+    async def _execute(self, statement: Statement, **values: Any) -> int:
+        args = statement.args(values)
+        return _rows_of(await self._run(lambda conn: conn.execute(statement.text, *args)))
 
     async def create_tables(self) -> None:
         with self._mapped(DBAPIError):
             async with self.engine.begin() as conn:
-                # CREATE … IF NOT EXISTS races between processes starting together.
-                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(7270010001)"))
+                await conn.execute(sa.text(CREATE_TABLES_LOCK_SQL))
                 if self.config.schema:
                     name = self.config.schema.replace('"', '""')
-                    await conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{name}"'))
+                    await conn.execute(sa.text(CREATE_SCHEMA_SQL.format(name=name)))
                 await conn.run_sync(_create_and_stamp)
 
     async def ping(self) -> None:
-        await self._run(lambda conn: conn.fetchval("SELECT 1"))
+        await self._fetchval(PING_SQL)
+
+    async def has_schema(self) -> bool:
+        return bool(await self._fetchval(HAS_SCHEMA_SQL))
 
     async def close(self) -> None:
         presences, self._presences = list(self._presences.values()), {}
@@ -471,45 +572,51 @@ class PostgresStore(Store):
     # --- threads -----------------------------------------------------------------------
 
     async def _create_thread(self, new_id: str, key: ThreadKey, now: datetime) -> str:
-        where = (key.team, key.channel, key.root_ts)
-        found = await self._run(lambda c: c.fetchval(CREATE_THREAD_SQL, new_id, *where, now))
+        where = {"team": key.team, "channel": key.channel, "root_ts": key.root_ts}
+        found = await self._fetchval(CREATE_THREAD_SQL, id=new_id, now=now, **where)
         if found is None:  # created by a statement that committed after ours began
             found = await self.find_thread(key)
         assert found is not None
         return str(found)
 
     async def find_thread(self, key: ThreadKey) -> str | None:
-        where = (key.team, key.channel, key.root_ts)
-        found = await self._run(lambda conn: conn.fetchval(FIND_THREAD_SQL, *where))
+        where = {"team": key.team, "channel": key.channel, "root_ts": key.root_ts}
+        found = await self._fetchval(FIND_THREAD_SQL, **where)
         return None if found is None else str(found)
 
     async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
         if at is not None:
-            return await self._fetch(THREADS_AT_SQL, *at)
-        return await self._fetch(THREAD_SQL, thread_id)
+            return await self._fetch(THREADS_AT_SQL, channel=at[0], root_ts=at[1])
+        return await self._fetch(THREAD_SQL, id=thread_id)
 
     async def _list_threads(
         self, statuses: list[str] | None, limit: int, channel: str | None, requester: str | None
     ) -> list[Row]:
-        return await self._fetch(LIST_SQL, statuses, channel, requester, limit)
+        wanted = {"statuses": statuses, "channel": channel, "requester": requester}
+        return await self._fetch(LIST_SQL, limit=limit, **wanted)
 
     # --- events ------------------------------------------------------------------------
 
     async def _events(self, thread_id: str, after: int) -> list[Row]:
-        return await self._fetch(EVENTS_SQL, thread_id, after)
+        return await self._fetch(EVENTS_SQL, thread_id=thread_id, after=after)
 
     async def _log(self, thread_id: str, start: Callable[[ThreadState | None], int]) -> Log:
+        where = {"thread_id": thread_id}
+
         async def read(conn: asyncpg.Connection) -> Log:
-            snap = await conn.fetchval(SNAPSHOT_SQL, thread_id)
+            snap = await conn.fetchval(SNAPSHOT_SQL.text, *SNAPSHOT_SQL.args(where))
             base = ThreadState.model_validate_json(snap) if snap is not None else None
-            rows = await conn.fetch(EVENTS_SQL, thread_id, start(base))
-            exists = bool(base or rows) or await conn.fetchval(EXISTS_SQL, thread_id) is not None
+            tail = EVENTS_SQL.args({**where, "after": start(base)})
+            rows = await conn.fetch(EVENTS_SQL.text, *tail)
+            exists = bool(base or rows) or (
+                await conn.fetchval(EXISTS_SQL.text, *EXISTS_SQL.args(where)) is not None
+            )
             return Log(base, rows, exists)
 
         return await self._run(read)
 
     async def _dedupe(self, thread_id: str, key: str) -> Row | None:
-        return await self._run(lambda conn: conn.fetchrow(DEDUPE_SQL, thread_id, key))
+        return await self._fetchrow(DEDUPE_SQL, thread_id=thread_id, key=key)
 
     async def _append(
         self,
@@ -523,21 +630,24 @@ class PostgresStore(Store):
         create: ThreadKey | None = None,
         wakes: bool = False,
     ) -> Outcome:
-        moved = (state.last_seq, state.status, state.wake_at, state.requester, now)
-        args = (*_arrays(rows), *moved, thread_id)
-        keys = [r["dedupe_key"] for r in rows if r["dedupe_key"]]
-        versions = [r["schema_version"] for r in rows]
+        values: dict[str, Any] = {name: [r[column] for r in rows] for name, column in EVENT_ARRAYS}
+        values.update(
+            thread_id=thread_id,
+            last_seq=state.last_seq,
+            status=state.status,
+            wake_at=state.wake_at,
+            requester=state.requester,
+            now=now,
+            snapshot=snapshot,
+        )
         try:
             if create is not None:
-                where = (create.team, create.channel, create.root_ts)
-                created = await self._run(
-                    lambda c: c.fetchval(CREATE_SQL, *args, *where, snapshot, versions)
-                )
+                where = {"team": create.team, "channel": create.channel, "root_ts": create.root_ts}
+                created = await self._fetchval(CREATE_SQL, **values, **where)
                 return "written" if created == 1 else "moved"
-            sql, full = _append_args(
-                (*args, expected_seq, versions, self.origin, wakes), keys, snapshot
-            )
-            found = await self._run(lambda c: c.fetchrow(sql, *full))
+            keys = [key for key in values["dedupe_keys"] if key]
+            values.update(expected_seq=expected_seq, origin=self.origin, wakes=wakes, keys=keys)
+            found = await self._fetchrow(APPEND_SQL[bool(keys), snapshot is not None], **values)
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
             # thread) after our statement began: the core looks again.
@@ -550,29 +660,34 @@ class PostgresStore(Store):
     # --- timers and leases -------------------------------------------------------------
 
     async def set_wake_at(self, thread_id: str, expected_seq: int, wake_at: datetime) -> bool:
-        return await self._execute(WAKE_SQL, thread_id, expected_seq, wake_at) == 1
+        moved = await self._execute(
+            WAKE_SQL, thread_id=thread_id, expected_seq=expected_seq, wake_at=wake_at
+        )
+        return moved == 1
 
     async def _acquire(
         self, thread_id: str, owner: str, until: datetime, now: datetime
     ) -> Previous | None:
-        found = await self._run(lambda c: c.fetchrow(ACQUIRE_SQL, thread_id, owner, until, now))
+        found = await self._fetchrow(
+            ACQUIRE_SQL, thread_id=thread_id, owner=owner, until=until, now=now
+        )
         return None if found is None else (found["was_owner"], found["was_until"])
 
     async def _renew(self, thread_id: str, owner: str, until: datetime) -> bool:
-        return await self._execute(RENEW_SQL, thread_id, owner, until) == 1
+        return await self._execute(RENEW_SQL, thread_id=thread_id, owner=owner, until=until) == 1
 
     async def release_lease(self, thread_id: str, owner: str) -> None:
-        await self._execute(RELEASE_SQL, thread_id, owner)
+        await self._execute(RELEASE_SQL, thread_id=thread_id, owner=owner)
 
     async def _due(self, now: datetime, limit: int) -> list[str]:
-        rows = await self._fetch(DUE_SQL, now, list(TIMED_STATUSES), limit)
+        rows = await self._fetch(DUE_SQL, now=now, timed=list(TIMED_STATUSES), limit=limit)
         return [r["id"] for r in rows]
 
     async def _claim(
         self, owner: str, until: datetime, now: datetime, limit: int, skip: list[str]
     ) -> list[tuple[str, Previous]]:
-        args = (now, list(TIMED_STATUSES), limit, owner, until, skip)
-        rows = await self._fetch(CLAIM_SQL, *args)
+        due = {"now": now, "timed": list(TIMED_STATUSES), "limit": limit, "skip": skip}
+        rows = await self._fetch(CLAIM_SQL, owner=owner, until=until, **due)
         return [(r["id"], (r["was_owner"], r["was_until"])) for r in rows]
 
     # --- workers -----------------------------------------------------------------------
@@ -590,7 +705,7 @@ class PostgresStore(Store):
         with self._mapped():
             await presence.open(now)
         self._presences[worker_id] = presence
-        await self._execute(WORKER_PRUNE_SQL, worker_id)
+        await self._execute(WORKER_PRUNE_SQL, worker_id=worker_id)
 
     async def beat_worker(self, worker_id: str, now: datetime) -> bool:
         presence = self._presences.get(worker_id)
@@ -613,56 +728,30 @@ class PostgresStore(Store):
 
     # --- housekeeping: archive and sizes -----------------------------------------------
 
-    # $1 statuses, $2 updated before, $3 now (leases), then the rest.
-    _ENDED_WHERE = """
-    status = ANY($1::text[]) AND updated_at < $2
-      AND (lease_owner IS NULL OR lease_expires_at < $3)
-    """
-    ENDED_SQL = f"""
-    SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > $4 ORDER BY id LIMIT $5
-    """
-    # One statement, so one transaction: the row goes only if it still matches (an append
-    # that moved it first makes the guarded DELETE match nothing, so nothing else goes;
-    # one that comes after finds no row). Its children go in the same statement, which
-    # the foreign keys (NO ACTION: checked at the statement's end) allow.
-    DELETE_THREAD_SQL = f"""
-    WITH gone AS (
-        DELETE FROM threads WHERE {_ENDED_WHERE} AND id = $4 AND last_seq = $5 RETURNING id
-    ), events_gone AS (
-        DELETE FROM events WHERE thread_id IN (SELECT id FROM gone)
-    ), snapshot_gone AS (
-        DELETE FROM snapshots WHERE thread_id IN (SELECT id FROM gone)
-    )
-    SELECT count(*) FROM gone
-    """
-    # $1 thread ids (NULL: every thread). Bytes: the payload's octets.
-    SIZES_SQL = """
-    SELECT thread_id, count(*) AS events, coalesce(sum(octet_length(payload)), 0) AS bytes
-    FROM events WHERE $1::text[] IS NULL OR thread_id = ANY($1::text[])
-    GROUP BY thread_id
-    """
-
     async def _ended(
         self, statuses: list[str], before: datetime, now: datetime, after: str, limit: int
     ) -> list[Row]:
-        return await self._fetch(self.ENDED_SQL, statuses, before, now, after, limit)
+        ended = {"statuses": statuses, "before": before, "now": now}
+        return await self._fetch(ENDED_SQL, after=after, limit=limit, **ended)
 
     async def _delete_thread(
         self, thread_id: str, last_seq: int, statuses: list[str], before: datetime, now: datetime
     ) -> bool:
-        args = (statuses, before, now, thread_id, last_seq)
-        gone = await self._run(lambda conn: conn.fetchval(self.DELETE_THREAD_SQL, *args))
+        ended = {"statuses": statuses, "before": before, "now": now}
+        gone = await self._fetchval(
+            DELETE_THREAD_SQL, thread_id=thread_id, last_seq=last_seq, **ended
+        )
         return bool(gone)
 
     async def _sizes(self, thread_ids: list[str] | None) -> list[Row]:
-        return await self._fetch(self.SIZES_SQL, thread_ids)
+        return await self._fetch(SIZES_SQL, thread_ids=thread_ids)
 
     # --- metrics -------------------------------------------------------------------------
 
     async def status_counts(self) -> tuple[dict[str, int], datetime | None]:
         async def read(conn: asyncpg.Connection) -> tuple[dict[str, int], datetime | None]:
-            rows = await conn.fetch(STATUS_COUNTS_SQL)
-            oldest = await conn.fetchval(OLDEST_APPROVAL_SQL)
+            rows = await conn.fetch(STATUS_COUNTS_SQL.text)
+            oldest = await conn.fetchval(OLDEST_APPROVAL_SQL.text)
             return {r["status"]: int(r["n"]) for r in rows}, oldest
 
         return await self._run(read)

@@ -10,7 +10,8 @@ written go together in the next transaction (a group commit: one lock, one fsync
 keeps its own outcome. Reads run on two reader threads with connections of their own
 (WAL: they never wait for the writer). Every store of a process on one file shares
 that file's writer and readers, so two components never meet in SQLite's busy
-handler, which sleeps up to 100 ms per try. Statements are written once, here.
+handler, which sleeps up to 100 ms per try. Every statement is written once, in the SQL
+section below.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
-    OLDEST_APPROVAL_SQL,
-    STATUS_COUNTS_SQL,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
@@ -55,6 +54,8 @@ from engine.tables import EVENTS, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
+
+# --- SQL: every statement this backend runs ------------------------------------------
 
 MOVE_SQL = """
 UPDATE threads SET last_seq = ?, status = ?, wake_at = ?, requester = ?, updated_at = ?
@@ -158,6 +159,39 @@ SELECT id FROM workers WHERE id <> ?1 AND NOT EXISTS (
     WHERE lease_owner = workers.id
        OR substr(lease_owner, 1, length(workers.id) + 1) = workers.id || '/')
 """
+# ?1 a JSON list of statuses, ?2 updated before, ?3 now (leases), then the rest.
+_ENDED_WHERE = """
+status IN (SELECT value FROM json_each(?1)) AND updated_at < ?2
+  AND (lease_owner IS NULL OR lease_expires_at < ?3)
+"""
+ENDED_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > ?4 ORDER BY id LIMIT ?5
+"""
+STILL_ENDED_SQL = f"SELECT 1 FROM threads WHERE {_ENDED_WHERE} AND id = ?4 AND last_seq = ?5"
+DELETE_EVENTS_SQL = "DELETE FROM events WHERE thread_id = ?"
+DELETE_SNAPSHOT_SQL = "DELETE FROM snapshots WHERE thread_id = ?"
+DELETE_THREAD_SQL = "DELETE FROM threads WHERE id = ?"
+# ?1 a JSON list of thread ids (NULL: every thread). Bytes: the payload's UTF-8 octets.
+SIZES_SQL = """
+SELECT thread_id, count(*) AS events, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes
+FROM events WHERE ?1 IS NULL OR thread_id IN (SELECT value FROM json_each(?1))
+GROUP BY thread_id
+"""
+STATUS_COUNTS_SQL = "SELECT status, count(*) AS n FROM threads GROUP BY status"
+# When each awaiting thread's latest card was asked, the oldest of those.
+OLDEST_APPROVAL_SQL = """
+SELECT min(asked) FROM (
+    SELECT max(e.created_at) AS asked FROM threads t
+    JOIN events e ON e.thread_id = t.id AND e.type = 'approval_requested'
+    WHERE t.status = 'awaiting_approval' GROUP BY t.id
+) AS pending
+"""
+PING_SQL = "SELECT 1"
+# Whether the file holds opsloop's tables. The tables are the SQLModel metadata's DDL,
+# compiled in ``create_tables``, which stamps a new database with STAMP_SQL.
+HAS_SCHEMA_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'threads'"
+STAMP_SQL = "INSERT INTO alembic_version (version_num) VALUES (?)"
+
 READERS = 2
 
 
@@ -430,19 +464,20 @@ class SqliteStore(Store):
         version_table = str(CreateTable(VERSION_TABLE).compile(dialect=dialect)).strip()
 
         def create(conn: sqlite3.Connection) -> None:
-            found = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'threads'"
-            ).fetchone()
+            found = conn.execute(HAS_SCHEMA_SQL).fetchone()
             for statement in statements:
                 conn.execute(statement)
             if found is None:
                 conn.execute(version_table)
-                conn.execute("INSERT INTO alembic_version (version_num) VALUES (?)", (HEAD,))
+                conn.execute(STAMP_SQL, (HEAD,))
 
         await self._write(create)
 
     async def ping(self) -> None:
-        await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        await self._read(lambda conn: conn.execute(PING_SQL).fetchone())
+
+    async def has_schema(self) -> bool:
+        return bool(await self._fetch(HAS_SCHEMA_SQL))
 
     async def close(self) -> None:
         if self._locks is not None:
@@ -668,30 +703,11 @@ class SqliteStore(Store):
 
     # --- housekeeping: archive and sizes -----------------------------------------------
 
-    # ?1 a JSON list of statuses, ?2 updated before, ?3 now (leases), then the rest.
-    _ENDED_WHERE = """
-    status IN (SELECT value FROM json_each(?1)) AND updated_at < ?2
-      AND (lease_owner IS NULL OR lease_expires_at < ?3)
-    """
-    ENDED_SQL = f"""
-    SELECT {THREAD_COLUMNS} FROM threads WHERE {_ENDED_WHERE} AND id > ?4 ORDER BY id LIMIT ?5
-    """
-    STILL_ENDED_SQL = f"SELECT 1 FROM threads WHERE {_ENDED_WHERE} AND id = ?4 AND last_seq = ?5"
-    DELETE_EVENTS_SQL = "DELETE FROM events WHERE thread_id = ?"
-    DELETE_SNAPSHOT_SQL = "DELETE FROM snapshots WHERE thread_id = ?"
-    DELETE_THREAD_SQL = "DELETE FROM threads WHERE id = ?"
-    # ?1 a JSON list of thread ids (NULL: every thread). Bytes: the payload's UTF-8 octets.
-    SIZES_SQL = """
-    SELECT thread_id, count(*) AS events, coalesce(sum(length(CAST(payload AS BLOB))), 0) AS bytes
-    FROM events WHERE ?1 IS NULL OR thread_id IN (SELECT value FROM json_each(?1))
-    GROUP BY thread_id
-    """
-
     async def _ended(
         self, statuses: list[str], before: datetime, now: datetime, after: str, limit: int
     ) -> list[Row]:
         args = (json.dumps(statuses), sql_time(before), sql_time(now), after, limit)
-        return await self._fetch(self.ENDED_SQL, *args)
+        return await self._fetch(ENDED_SQL, *args)
 
     async def _delete_thread(
         self, thread_id: str, last_seq: int, statuses: list[str], before: datetime, now: datetime
@@ -700,9 +716,9 @@ class SqliteStore(Store):
 
         def body(conn: sqlite3.Connection) -> bool:
             # The check and the deletes share the write lock: no append slips between.
-            if conn.execute(self.STILL_ENDED_SQL, guard).fetchone() is None:
+            if conn.execute(STILL_ENDED_SQL, guard).fetchone() is None:
                 return False
-            for sql in (self.DELETE_EVENTS_SQL, self.DELETE_SNAPSHOT_SQL, self.DELETE_THREAD_SQL):
+            for sql in (DELETE_EVENTS_SQL, DELETE_SNAPSHOT_SQL, DELETE_THREAD_SQL):
                 conn.execute(sql, (thread_id,))  # children first: foreign keys are on
             return True
 
@@ -710,7 +726,7 @@ class SqliteStore(Store):
 
     async def _sizes(self, thread_ids: list[str] | None) -> list[Row]:
         wanted = None if thread_ids is None else json.dumps(thread_ids)
-        return await self._fetch(self.SIZES_SQL, wanted)
+        return await self._fetch(SIZES_SQL, wanted)
 
     # --- metrics -------------------------------------------------------------------------
 

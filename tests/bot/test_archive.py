@@ -15,7 +15,7 @@ import pytest
 
 from engine import events as ev
 from engine.archive import archive_lines, read_archive
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from engine.trace import trace_record
 from engine.types import ThreadInfo
 from tests.bot.test_cli import assert_one_line_error, json_lines, run_cli
@@ -28,7 +28,7 @@ RECENT = datetime.now(UTC) - timedelta(days=10)
 
 async def seed(url: str) -> dict[str, str]:
     """Three ended threads from 120 days ago, and four that must stay."""
-    store = await Store.open(url)
+    store = await open_store(url)
     ids: dict[str, str] = {}
 
     async def thread(name: str, drafts: list[ev.Event], when: datetime = OLD) -> None:
@@ -53,7 +53,7 @@ async def seed(url: str) -> dict[str, str]:
 
 
 async def remaining(url: str) -> set[str]:
-    store = await Store.open(url, create=False)
+    store = await open_store(url, create=False)
     try:
         return {t.id for t in await store.list_threads()}
     finally:

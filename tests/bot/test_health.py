@@ -10,8 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bot import health
-from engine.db import create_engine, parse_database_url
-from engine.store import Store
+from engine.store import open_store, store_for
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
 
@@ -23,7 +22,7 @@ async def client_for(app: web.Application) -> AsyncIterator[TestClient]:
 
 
 async def test_healthz_ok_when_the_database_answers(sqlite_url: str) -> None:
-    store = await Store.open(sqlite_url)
+    store = await open_store(sqlite_url)
     try:
         async with client_for(health.make_health_app(store)) as client:
             resp = await client.get("/healthz")
@@ -34,8 +33,7 @@ async def test_healthz_ok_when_the_database_answers(sqlite_url: str) -> None:
 
 
 async def test_healthz_503_when_the_database_is_unreachable() -> None:
-    config = parse_database_url(UNREACHABLE)
-    store = Store(create_engine(config), config)  # built without connecting
+    store = store_for(UNREACHABLE)  # built without connecting
     try:
         async with client_for(health.make_health_app(store)) as client:
             resp = await client.get("/healthz")

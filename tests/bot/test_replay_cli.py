@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from tests.bot.test_cli import run_cli
 from tools import REGISTRY, ToolContext, ToolRegistry, load_tools, tool
 
@@ -19,7 +19,7 @@ KEY = ThreadKey("T1", "C9", "1700000000.000900")
 
 async def seed(db: str) -> str:
     load_tools(None)  # the built-ins, as the CLI will load them
-    store = await Store.open(db)
+    store = await open_store(db)
     try:
         posted = await post_user_message(
             store, KEY, text="how do deploys work?", user="U1", dedupe_key="e1"
@@ -55,7 +55,7 @@ async def test_replay_prints_the_request_and_confirms_every_hash(sqlite_url, tmp
 
 async def test_replay_reports_a_log_that_no_longer_matches(sqlite_url, tmp_path):
     thread_id = await seed(sqlite_url)
-    store = await Store.open(sqlite_url)
+    store = await open_store(sqlite_url)
     try:
         async with store.engine.begin() as conn:  # someone edits history behind our back
             await conn.execute(
@@ -78,7 +78,7 @@ async def test_replay_of_an_unknown_decision_is_one_line_and_exit_2(sqlite_url, 
 
 
 async def seed_with(db: str, tools: ToolRegistry, text: str = "deploy api please") -> str:
-    store = await Store.open(db)
+    store = await open_store(db)
     try:
         posted = await post_user_message(store, KEY, text=text, user="U1", dedupe_key="e1")
         model = ScriptedModel([call("search_docs", query="deploy"), say("Done.")])

@@ -14,7 +14,7 @@ from engine.db import create_engine, parse_database_url
 from engine.events import UserMessage
 from engine.migrations import inspect_schema, known_revisions, migrate, prepare, script_head
 from engine.schema import BASELINE, HEAD, SchemaMismatch
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from tests.support.legacy import make_legacy_database, run_sql
 
 
@@ -43,7 +43,7 @@ async def test_migrations_build_exactly_the_tables_the_store_declares(db_url: st
 
 
 async def test_a_new_database_is_created_at_the_head_by_the_store(db_url: str) -> None:
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     await store.close()
     state = await inspect_schema(db_url)
     assert (state.revision, state.stamped) == (HEAD, True)
@@ -68,14 +68,14 @@ async def test_a_database_from_before_migrations_is_the_baseline_and_upgrades(
     assert before.revision == BASELINE and after.revision == HEAD
     assert await _schema_diff(db_url) == []
 
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         [old] = await store.select_events("thr_old")
         assert isinstance(old, UserMessage) and old.text == "deploy api"
         assert (await store.load("thr_old")).last_seq == 1
         _, done = await store.append_input(
             ThreadKey("T1", "C2", "2.0"),
-            lambda _s: UserMessage(actor="U1", text="hi"),
+            lambda _s: [UserMessage(actor="U1", text="hi")],
         )
         assert done.events[0].seq == 1
     finally:
@@ -115,7 +115,7 @@ async def test_the_workers_revision_upgrades_a_database_a_newer_store_already_op
     """0002 -> 0003 adds ``workers``; a command of this release that opened the 0002
     database first (creating the table) does not make the migration fail."""
     await migrate(db_url, "0002")
-    store = await Store.open(db_url)  # not serve: no schema check, creates what is missing
+    store = await open_store(db_url)  # not serve: no schema check, creates what is missing
     await store.close()
     assert (await inspect_schema(db_url)).revision == "0002"
     with pytest.raises(SchemaMismatch, match="older"):

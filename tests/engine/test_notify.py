@@ -17,7 +17,7 @@ from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, say
 from engine.runner import Runner
 from engine.scheduler import Worker
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from engine.store.postgres import RUNNABLE_CHANNEL, WORKER_LOCK_CLASS
 from tests.conftest import PG_URL
 from tools import ToolRegistry
@@ -29,7 +29,7 @@ SWEEP_S = 30.0  # only a notification can explain a wake-up within the test's bo
 
 async def resting_thread(url: str, root_ts: str) -> str:
     """A thread another replica has answered and left at rest (idle)."""
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         posted = await post_user_message(
             store, ThreadKey("T", "C", root_ts), text="hi", user="U1", dedupe_key=root_ts
@@ -44,7 +44,7 @@ async def resting_thread(url: str, root_ts: str) -> str:
 async def reply(url: str, root_ts: str, *, origin: str | None = None) -> str:
     """A person's reply in the thread at ``root_ts``, stored by a front door whose
     store has ``origin`` (None: a store of its own, as another replica's)."""
-    front_door = await Store.open(url, create=False, origin=origin)
+    front_door = await open_store(url, create=False, origin=origin)
     try:
         posted = await post_user_message(
             front_door, ThreadKey("T", "C", root_ts), text="more", user="U1", dedupe_key="r"
@@ -58,7 +58,7 @@ async def reply(url: str, root_ts: str, *, origin: str | None = None) -> str:
 async def listening_worker(url: str) -> AsyncIterator[tuple[Worker, list[str]]]:
     """A registered worker on its own store whose sweep runs at start, then every 30 s;
     yields it and the ids of the threads it ran."""
-    store = await Store.open(url)
+    store = await open_store(url)
     ran: list[str] = []
     model = ScriptedModel([say("on it"), say("on it again")])
     worker = Worker(
@@ -102,7 +102,7 @@ async def test_an_input_stored_elsewhere_wakes_the_listening_worker_at_once(pg_u
     thread_id = await resting_thread(pg_url, "1.0")
     async with listening_worker(pg_url) as (_, ran):
         assert await reply(pg_url, "1.0") == thread_id  # another replica's front door
-        store = await Store.open(pg_url, create=False)
+        store = await open_store(pg_url, create=False)
         try:
             await wait_ran(store, ran, thread_id, within=10)  # the sweep: 30 s away
         finally:
@@ -124,7 +124,7 @@ async def test_a_worker_does_not_hear_what_its_own_process_stored(pg_url):
 async def test_a_new_thread_notifies_nobody(pg_url):
     """Its creator runs it; no other process can hold it."""
     async with listening_worker(pg_url) as (_, ran):
-        other = await Store.open(pg_url, create=False)
+        other = await open_store(pg_url, create=False)
         try:
             posted = await post_user_message(
                 other, ThreadKey("T", "C", "5.0"), text="hi", user="U1", dedupe_key="e5"
@@ -170,7 +170,7 @@ async def test_only_an_append_that_makes_a_resting_thread_runnable_notifies(pg_u
     """A reply reopening an answered thread notifies, naming the thread and the
     storing store's origin; the new thread, the runner's own appends and a redelivered
     reply do not."""
-    store = await Store.open(pg_url)
+    store = await open_store(pg_url)
     heard: list[str] = []
     one = asyncio.Event()
 

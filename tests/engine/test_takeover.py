@@ -28,7 +28,7 @@ from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
 from engine.scheduler import Worker
 from engine.state import reduce
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tools import ToolContext, ToolRegistry, tool
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ async def hold(args: HoldArgs, ctx: ToolContext) -> dict:
 
 async def worker_main() -> int:
     """A registered worker: sweeps, runs what it finds, exits once the thread is idle."""
-    store = await Store.open(os.environ["DATABASE_URL"])
+    store = await open_store(os.environ["DATABASE_URL"])
     lease = float(os.environ["OPSLOOP_LEASE_SECONDS"])
     runner = Runner(store, ScriptedModel(SCRIPT), REGISTRY, RunnerConfig(lease_ttl_s=lease))
     worker = Worker(runner, interval=0.2, presence=True, beat_s=0.5)
@@ -161,7 +161,7 @@ async def finished(store: Store, thread_id: str) -> bool:
 
 
 async def test_a_sigkilled_runner_is_taken_over_at_once_not_at_lease_expiry(db_url, tmp_path):
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         thread_id, first, _ = await start_held_thread(store, db_url, tmp_path, lease=60)
         with reaped(first):
@@ -195,7 +195,7 @@ async def test_a_sigkilled_runner_is_taken_over_at_once_not_at_lease_expiry(db_u
 
 async def test_a_stopped_but_live_owner_keeps_its_lease_until_it_expires(db_url, tmp_path):
     lease = 8.0
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         thread_id, first, owner = await start_held_thread(store, db_url, tmp_path, lease)
         with reaped(first):

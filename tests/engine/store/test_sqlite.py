@@ -1,5 +1,6 @@
-"""The SQLite backend's one-hop writer: a burst of appends shares transactions, each keeps its own
-outcome, and one writer serves every store of the process on that file."""
+"""The SQLite backend (``engine.store.sqlite``): its one-hop writer. A burst of appends
+shares transactions, each keeps its own outcome, and one writer serves every store of
+the process on that file."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 from engine import events as ev
 from engine.errors import ConcurrencyConflict
 from engine.inputs import post_user_message
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from engine.store import sqlite as sqlite_backend
 
 
@@ -17,7 +18,7 @@ def key(i: int) -> ThreadKey:
 
 
 async def test_a_burst_of_inputs_each_lands_once_with_its_own_outcome(sqlite_url: str) -> None:
-    store = await Store.open(sqlite_url)
+    store = await open_store(sqlite_url)
     try:
         first = await asyncio.gather(
             *(post_user_message(store, key(i), text=f"m{i}", user="U1", dedupe_key=f"e{i}")
@@ -45,7 +46,7 @@ async def test_a_burst_of_inputs_each_lands_once_with_its_own_outcome(sqlite_url
 
 
 async def test_a_stale_append_in_a_batch_fails_alone(sqlite_url: str) -> None:
-    store = await Store.open(sqlite_url)
+    store = await open_store(sqlite_url)
     try:
         a = (await post_user_message(store, key(1), text="a", user="U1")).thread_id
         b = (await post_user_message(store, key(2), text="b", user="U1")).thread_id
@@ -63,7 +64,7 @@ async def test_a_stale_append_in_a_batch_fails_alone(sqlite_url: str) -> None:
 
 
 async def test_stores_on_one_file_share_one_writer(sqlite_url: str) -> None:
-    one, two = await Store.open(sqlite_url), await Store.open(sqlite_url)
+    one, two = await open_store(sqlite_url), await open_store(sqlite_url)
     try:
         assert one._db is not None and one._db is two._db  # type: ignore[attr-defined]
         await one.close()  # the other store keeps writing

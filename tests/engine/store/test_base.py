@@ -1,20 +1,21 @@
-"""Store conformance: the same suite on SQLite and PostgreSQL (the ``store`` fixture)."""
+"""The store port (``engine.store.base``) and its opening (``engine.store``): one
+conformance suite, run on SQLite and on PostgreSQL (the ``store`` fixture)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from engine import events as ev
 from engine import mapper
-from engine.db import create_engine, parse_database_url
 from engine.errors import (
     ConcurrencyConflict,
+    ConfigError,
     IllegalTransition,
     InvalidEvent,
     StoreUnavailable,
@@ -23,10 +24,13 @@ from engine.errors import (
 from engine.inputs import post_user_message
 from engine.metrics import REGISTRY
 from engine.state import ThreadState, reduce
-from engine.store import SNAPSHOT_EVERY, Store, ThreadKey
+from engine.store import SNAPSHOT_EVERY, Store, ThreadKey, open_store, store_for
+from engine.store.postgres import PostgresStore
+from engine.store.sqlite import SqliteStore
 from engine.tables import SNAPSHOTS
 from tests.support.logs import (
     REQUESTER,
+    REVIEWER,
     answered,
     approval_pending,
     at,
@@ -44,18 +48,21 @@ def key(ts: str = "1700000000.000100", channel: str = "C1", team: str = "T1") ->
     return ThreadKey(team, channel, ts)
 
 
-async def thread_with(store: Store, drafts: Sequence[ev.Event], ts: str = "1.0") -> str:
-    """A new thread at key ``ts`` holding ``drafts`` (appended in one batch)."""
-    tid = await store.create_thread(key(ts))
+async def thread_with(
+    store: Store, drafts: Sequence[ev.Event], ts: str = "1.0", *, now: datetime | None = None
+) -> str:
+    """A new thread at key ``ts`` holding ``drafts`` (appended in one batch), both made
+    at ``now`` (None: the clock's)."""
+    tid = await store.create_thread(key(ts), now=now)
     if drafts:
-        await store.append(tid, 0, drafts)
+        await store.append(tid, 0, drafts, now=now)
     return tid
 
 
 @contextlib.asynccontextmanager
 async def more_stores(url: str, n: int) -> AsyncIterator[list[Store]]:
     """``n`` more stores on the same database: separate engines, separate connections."""
-    stores = [await Store.open(url, create=False, pool_size=1) for _ in range(n)]
+    stores = [await open_store(url, create=False, pool_size=1) for _ in range(n)]
     try:
         yield stores
     finally:
@@ -68,6 +75,41 @@ async def set_payload(store: Store, thread_id: str, seq: int, payload: str) -> N
     async with store.engine.begin() as conn:
         result = await conn.execute(update, {"p": payload, "t": thread_id, "s": seq})
     assert result.rowcount == 1
+
+
+# --- opening --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "backend"),
+    [
+        ("sqlite:///{tmp}/a.db", SqliteStore),
+        ("sqlite+aiosqlite:///{tmp}/b.db", SqliteStore),
+        ("postgresql://postgres@127.0.0.1:1/x", PostgresStore),
+        ("postgres://postgres@127.0.0.1:1/x", PostgresStore),
+        ("postgresql+asyncpg://postgres@127.0.0.1:1/x?schema=s", PostgresStore),
+    ],
+)
+async def test_the_url_dialect_picks_the_backend(url: str, backend: type, tmp_path) -> None:
+    store = store_for(url.format(tmp=tmp_path))  # built without connecting
+    try:
+        assert type(store) is backend
+    finally:
+        await store.close()
+    with pytest.raises(ConfigError, match="not supported"):
+        store_for("mysql://root@127.0.0.1/x")
+
+
+async def test_has_schema_says_whether_the_tables_are_there(db_url: str) -> None:
+    """What a read-only command asks before it reads: never creates anything."""
+    bare = await open_store(db_url, create=False)
+    try:
+        assert not await bare.has_schema()
+        assert not await bare.has_schema(), "asking created nothing"
+        await bare.create_tables()
+        assert await bare.has_schema()
+    finally:
+        await bare.close()
 
 
 # --- threads --------------------------------------------------------------------------
@@ -376,7 +418,7 @@ async def test_a_lease_whose_owner_is_provably_dead_is_taken_at_once(db_url: str
     """A worker whose lock was given up (as the OS or the server does when its process
     dies) loses its leases at once; a live one, or an owner that never registered,
     keeps them until they expire."""
-    dying = await Store.open(db_url)
+    dying = await open_store(db_url)
     async with more_stores(db_url, 1) as (live,):
         try:
             await register(dying, "host:1:aa")
@@ -622,8 +664,7 @@ async def test_every_verb_on_an_unreachable_database_raises_store_unavailable(
         url = f"sqlite:///{tmp_path / 'no-such-dir' / 'opsloop.db'}"
     else:
         url = "postgresql://postgres@127.0.0.1:1/x"
-    config = parse_database_url(url)
-    down = Store(create_engine(config), config)  # built without connecting
+    down = store_for(url)  # built without connecting
     reads = [
         down.ping(),
         down.get_thread("thr_x"),
@@ -638,7 +679,7 @@ async def test_every_verb_on_an_unreachable_database_raises_store_unavailable(
     ]
     writes = [
         down.create_thread(key()),
-        down.append_input(key(), lambda _state: user()),
+        down.append_input(key(), lambda _state: [user()]),
         down.append("thr_x", 0, [user()], state=ThreadState(thread_id="thr_x")),
         down.acquire_lease("thr_x", "w1", 30),
         down.renew_lease("thr_x", "w1", 30),
@@ -653,4 +694,148 @@ async def test_every_verb_on_an_unreachable_database_raises_store_unavailable(
     finally:
         await down.close()
     with pytest.raises(StoreUnavailable):
-        await Store.open(url)
+        await open_store(url)
+
+
+# --- housekeeping: archive and sizes (which threads ended, removing one in one guarded
+# transaction, events and bytes per thread) -----------------------------------------------
+
+OLD = at(0)
+CUTOFF = at(60)
+LATER = at(120)
+
+
+async def count_rows(store: Store, table: str, thread_id: str) -> int:
+    column = "id" if table == "threads" else "thread_id"
+    query = sa.text(f"SELECT count(*) FROM {table} WHERE {column} = :t")
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(query, {"t": thread_id})).scalar_one())
+
+
+async def test_only_threads_that_ended_before_the_cutoff_are_selected(store: Store) -> None:
+    idle = await thread_with(store, [user(), *answered()], "1.0", now=OLD)
+    failed = await thread_with(store, [user(), ev.ErrorRaised(message="boom")], "2.0", now=OLD)
+    cancelled = await thread_with(store, [user(), ev.ThreadCancelled(actor="U1")], "3.0", now=OLD)
+    # Never archived: waiting for a person, a job, or running; or ended after the cutoff.
+    await thread_with(store, [user(), *approval_pending(expires_at=at(9999))], "4.0", now=OLD)
+    await thread_with(store, [user(), *waiting_on_job()], "5.0", now=OLD)
+    await thread_with(store, [user()], "6.0", now=OLD)
+    await thread_with(store, [user(), *answered()], "7.0", now=LATER)
+
+    found = await store.select_ended_threads(CUTOFF, now=LATER)
+    assert sorted(t.id for t in found) == sorted([idle, failed, cancelled])
+    assert {t.status for t in found} == {"idle", "failed", "cancelled"}
+    assert [t.id for t in found] == sorted(t.id for t in found)  # by id: a page cursor
+    first, *rest = found
+    page = await store.select_ended_threads(CUTOFF, after=first.id, limit=1, now=LATER)
+    assert [t.id for t in page] == [rest[0].id]
+
+
+async def test_a_thread_under_a_live_lease_is_not_selected_nor_deleted(store: Store) -> None:
+    tid = await thread_with(store, [user(), *answered()], "1.0", now=OLD)
+    assert await store.acquire_lease(tid, "w1", 30, now=LATER)
+    assert await store.select_ended_threads(CUTOFF, now=LATER) == []
+    assert not await store.delete_thread(tid, 3, before=CUTOFF, now=LATER)
+    later = LATER + timedelta(seconds=31)  # the lease expired: fair game
+    assert [t.id for t in await store.select_ended_threads(CUTOFF, now=later)] == [tid]
+    assert await store.delete_thread(tid, 3, before=CUTOFF, now=later)
+
+
+async def test_delete_thread_removes_events_snapshot_and_row_together(store: Store) -> None:
+    # Enough events for a snapshot (the store writes one every SNAPSHOT_EVERY).
+    drafts: list[ev.Event] = []
+    for i in range(70):
+        drafts += [user(f"q{i}"), *answered(f"a{i}")]
+    tid = await thread_with(store, drafts, "1.0", now=OLD)
+    keep = await thread_with(store, [user(), *answered()], "2.0", now=OLD)
+    assert await count_rows(store, "snapshots", tid) == 1
+    assert await store.delete_thread(tid, 210, before=CUTOFF, now=LATER)
+    for table in ("events", "snapshots", "threads"):
+        assert await count_rows(store, table, tid) == 0, table
+    assert len(await store.select_events(keep)) == 3  # another thread is untouched
+    assert not await store.delete_thread(tid, 210, before=CUTOFF, now=LATER)  # gone already
+
+
+async def test_a_thread_that_moved_since_it_was_read_is_not_deleted(store: Store) -> None:
+    tid = await thread_with(store, [user(), *answered()], "1.0", now=OLD)
+    [info] = await store.select_ended_threads(CUTOFF, now=LATER)
+    # A new message reopens it after the archive read it (last_seq 3 -> 4).
+    await store.append(tid, info.last_seq, [user("one more thing")], now=OLD)
+    assert not await store.delete_thread(tid, info.last_seq, before=CUTOFF, now=LATER)
+    assert len(await store.select_events(tid)) == 4
+    assert (await store.get_thread(tid)).status == "running"
+
+
+async def test_an_append_after_the_delete_finds_no_thread(store: Store) -> None:
+    tid = await thread_with(store, [user(), *answered()], "1.0", now=OLD)
+    assert await store.delete_thread(tid, 3, before=CUTOFF, now=LATER)
+    with pytest.raises(ThreadNotFound):
+        await store.append(tid, 3, [user("late")], now=LATER)
+    assert await count_rows(store, "events", tid) == 0
+
+
+async def test_thread_sizes_count_events_and_payload_bytes(store: Store) -> None:
+    one = await thread_with(store, [user("héllo"), *answered("ok")], "1.0", now=OLD)
+    two = await thread_with(store, [user("x")], "2.0", now=OLD)
+    empty = await store.create_thread(ThreadKey("T1", "C1", "3.0"))
+    sizes = await store.select_thread_sizes()
+    assert set(sizes) == {one, two}  # a thread without events has no row
+    for tid in (one, two):
+        events = await store.select_events(tid)
+        octets = 0
+        async with store.engine.connect() as conn:
+            rows = await conn.execute(
+                sa.text("SELECT payload FROM events WHERE thread_id = :t"), {"t": tid}
+            )
+            octets = sum(len(p.encode()) for (p,) in rows)
+        assert sizes[tid] == (len(events), octets)
+    assert octets > 0
+    assert await store.select_thread_sizes([two, empty]) == {two: sizes[two]}
+    assert await store.select_thread_sizes([]) == {}
+
+
+# --- metrics: status_counts, the read behind GET /metrics ---------------------------------
+
+ASKED_FIRST, ASKED_LATER = at(0), at(30)
+
+
+async def test_an_empty_database_has_no_counts_and_no_pending_approval(store: Store) -> None:
+    assert await store.status_counts() == ({}, None)
+
+
+async def test_counts_threads_by_status_and_finds_the_oldest_pending_approval(
+    store: Store,
+) -> None:
+    await thread_with(store, [user(), *approval_pending("toolu_a")], "1.0", now=ASKED_FIRST)
+    await thread_with(store, [user(), *approval_pending("toolu_b")], "2.0", now=ASKED_LATER)
+    await thread_with(store, [user(), *answered()], "3.0", now=ASKED_LATER)
+    await thread_with(store, [user()], "4.0", now=ASKED_LATER)
+    await thread_with(store, [], "5.0", now=ASKED_LATER)  # created, nothing stored yet
+    # A decided approval no longer counts, however old its request.
+    decided = await thread_with(store, [user(), *approval_pending("toolu_c")], "6.0", now=at(-60))
+    await store.append(
+        decided, 4, [ev.ApprovalRejected(tool_call_id="toolu_c", actor=REVIEWER)], now=at(-59)
+    )
+
+    counts, oldest = await store.status_counts()
+
+    assert counts == {"awaiting_approval": 2, "idle": 1, "running": 2, "new": 1}
+    assert oldest == ASKED_FIRST
+
+
+async def test_a_reasked_approval_counts_from_its_latest_request(store: Store) -> None:
+    """A thread whose first card was decided and a second one asked: the age is the
+    second card's, not the thread's first request."""
+    tid = await thread_with(store, [user(), *approval_pending("toolu_a")], "1.0", now=at(0))
+    await store.append(
+        tid,
+        4,
+        [
+            ev.ApprovalRejected(tool_call_id="toolu_a", actor=REVIEWER),
+            *approval_pending("toolu_b"),
+        ],
+        now=at(10),
+    )
+    counts, oldest = await store.status_counts()
+    assert counts == {"awaiting_approval": 1}
+    assert oldest == at(10)
