@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from bot.configured import mcp_server
 from engine.config import Settings
-from engine.config_file import ConfigFile, McpServerConfig
+from engine.config_file import ConfigFile
 from engine.db import DatabaseConfig, parse_database_url
+from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig
 
 CHECK_TIMEOUT_S = 5.0
 MAX_SKEW_S = 5.0
@@ -266,8 +266,7 @@ async def check_mcp(name: str, spec: McpServerConfig) -> str:
     from tools.errors import ToolError
     from tools.mcp import McpSource
 
-    server = mcp_server(name, spec)
-    source = McpSource(server)
+    source = McpSource(name, spec)
     try:
         tools = await source.open()  # McpLoadError: unreachable, allowlist not served
         now = await source.current_definitions()
@@ -281,7 +280,7 @@ async def check_mcp(name: str, spec: McpServerConfig) -> str:
             f"definitions changed between two listings: {', '.join(drifted)} "
             "(calls approved under one are refused under the other)"
         )
-    return f"reachable ({server.transport}); {len(tools)} tools, definitions stable"
+    return f"reachable ({spec.transport}); {len(tools)} tools, definitions stable"
 
 
 # --- running them -------------------------------------------------------------------
@@ -301,7 +300,7 @@ def checks(settings: Settings, config: ConfigFile | None, manifest: str | None) 
     for name, spec in servers.items():
         # The connect (start, initialize, first listing) as serve allows it, then the
         # second listing within the usual check time.
-        allowed = mcp_server(name, spec).connect_timeout_s + CHECK_TIMEOUT_S
+        allowed = CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S
         found.append((f"mcp {name}", partial(check_mcp, name, spec), allowed))
     return found
 

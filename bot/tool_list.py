@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bot.configured import close_sources, open_sources, policy_set, tool_sources
+from bot.configured import close_sources, load_tools_of, open_sources, policy_set
 from engine.config import Settings
 from engine.config_file import ConfigFile
 from engine.rules import PolicySet, matches
-from tools import REGISTRY, Tool, ToolError, load_tools
+from tools import Tool, ToolError
 from tools.loader import close_tools
 from tools.mcp import McpLoadError, McpSource, current_definitions
 
@@ -59,9 +59,8 @@ def default_record(tool: Tool, policy: PolicySet, live: dict[str, str] | None) -
 
 async def list_tools(settings: Settings, config: ConfigFile | None) -> list[ToolRecord]:
     """Load every tool as ``serve`` would, describe each, close what was opened."""
-    modules = load_tools(settings.tool.modules, settings=settings.tool)
-    registry = REGISTRY.copy()
-    sources = tool_sources(config)
+    loaded = load_tools_of(settings, config)
+    registry, sources, modules = loaded.tools, loaded.sources, loaded.modules
     policy = policy_set(settings, config)
     try:
         await open_sources(sources, registry)
@@ -72,7 +71,7 @@ async def list_tools(settings: Settings, config: ConfigFile | None) -> list[Tool
                     live[source.name] = await current_definitions(source)
                 except ToolError as exc:
                     raise McpLoadError(
-                        source.server.name, f"{source.name}: cannot list its tools again: {exc}"
+                        source.server_name, f"{source.name}: cannot list its tools again: {exc}"
                     ) from None
         return [default_record(t, policy, live.get(t.source)) for t in registry]
     finally:

@@ -1,5 +1,10 @@
 """The model of ``opsloop.yaml`` (DESIGN, "The configuration file"), read once at startup.
 
+Each tool source owns the model of its section (``tools.mcp``: ``tools/mcp/config.py``;
+``tools.http`` and ``tools.http_allow_hosts``: ``tools/http_config.py``); this module
+composes them with ``approvals`` and ``policy``, so the file is checked by one set of
+rules whether ``opsloop config check`` or ``opsloop serve`` reads it.
+
 ``load_config_file(path, env)`` reads the YAML (duplicate keys refused), replaces
 ``${VAR}`` in string values from ``env`` (``$${`` is a literal ``${``; done on parsed
 strings, so a value cannot inject YAML), and validates it into a frozen
@@ -14,76 +19,46 @@ out of ``repr``), so a logged config shows no secret; ``plain_headers()`` /
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from engine.errors import ConfigError
+from tools.config_model import Duration, JsonSchema
+from tools.config_model import KeyProblem as _At
+from tools.config_model import StrictModel as _Model
+from tools.config_model import parse_duration as parse_duration  # re-exported: the CLI's
+from tools.http_config import ActionName, AllowedHosts, AllowHostEntry, HttpActionConfig, unlisted
+from tools.mcp.config import McpServerConfig, ServerName
 from tools.schemas import compile_schema, is_valid
 
 DEFAULT_PATH = "opsloop.yaml"
 RulePolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
 LATER_SECTIONS = ("integrations", "alerts")
+# Rule keys of DESIGN that nothing acts on yet (no reminders, escalation or grants): a
+# file that sets one is refused rather than promised something that never happens.
+LATER_RULE_KEYS = ("remind_after", "escalate_to", "max_grant")
 
-MAX_DURATION_S = 365 * 86400.0
 MAX_QUORUM = 50
 MAX_RULES = 1000
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
-_DURATION = re.compile(r"^([1-9][0-9]*)([smhd])$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _APPROVER = re.compile(r"^(?:[UWS][A-Z0-9]{2,}|oncall:[A-Z0-9]{2,})$")
 _CHANNEL = re.compile(r"^[CGD][A-Z0-9]{2,}$")
-_HTTP_ACTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_MCP_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
-_HOST_NAME = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$"
-)
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{")
-_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-
-
-class _At(ValueError):
-    """A validator's problem at a key below the one it validates (``http.x.url``)."""
-
-    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
-        self.path = path
-        super().__init__(message)
-
-
-# --- value types --------------------------------------------------------------------------
-
-
-def parse_duration(value: object) -> float:
-    """``30s`` / ``10m`` / ``2h`` / ``1d`` in seconds, at most a year; anything else is an
-    error (an unbounded one overflowed the clock arithmetic of every call it decided)."""
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError(f"must be a duration such as 30s, 10m, 2h or 1d, not {value!r}")
-    if len(match.group(1)) > 9 or int(match.group(1)) * _UNIT_S[match.group(2)] > MAX_DURATION_S:
-        raise ValueError(f"must be at most a year (365d), not {value!r}")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
 
 
 def _approver(value: str) -> str:
@@ -101,212 +76,33 @@ def _channel(value: str) -> str:
     return value
 
 
-def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A JSON Schema opsloop can run safely (tools/schemas.py): refs inside it only,
-    patterns the linear-time engine runs, no reference loop."""
-    compile_schema(schema)  # SchemaProblem is a ValueError: one line at the key
-    return schema
-
-
 def _short(text: str, limit: int = 160) -> str:
     one = " ".join(text.split())
     return one if len(one) <= limit else one[: limit - 1] + "…"
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 Approver = Annotated[str, AfterValidator(_approver)]
 Channel = Annotated[str, AfterValidator(_channel)]
-JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-# --- hosts --------------------------------------------------------------------------------
-
-
-def _host_key(host: str) -> str:
-    """A host as compared: lower case, no trailing dot, an IP in its canonical form."""
-    host = host.strip("[]").rstrip(".").lower()
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
-
-
-def _split_entry(entry: str) -> tuple[str, int | None]:
-    """``host`` / ``1.2.3.4`` / ``::1`` / ``[::1]`` (any port) or ``host:port`` / ``[::1]:8443``."""
-    if entry.startswith("["):
-        host, closed, rest = entry[1:].partition("]")
-        port = rest.removeprefix(":") if rest.startswith(":") else None
-        if not closed or (rest and port is None):
-            raise ValueError
-    elif entry.count(":") == 1:
-        host, port = entry.split(":")
-    else:
-        host, port = entry, None
-    key = _host_key(host)
-    if not (_is_ip(key) or _HOST_NAME.match(key)):
-        raise ValueError
-    if port is None:
-        return key, None
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError
-    return key, int(port)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _allow_entry(entry: str) -> str:
-    try:
-        _split_entry(entry)
-    except ValueError:
-        raise ValueError(
-            f"{entry!r} is not a host: give a host name or IP (any port) or host:port"
-        ) from None
-    return entry
-
-
-def host_allowed(url: str, allow_hosts: list[str] | tuple[str, ...]) -> bool:
-    """Does ``url`` (http or https) go to a host in ``allow_hosts``? Pure; for startup and
-    for the HTTP tool once the arguments are in the URL. Anything odd is refused."""
-    if any(c.isspace() or c == "\\" or ord(c) < 32 for c in url):
-        return False  # parsers disagree on these (WHATWG reads "\" as "/"): refuse
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return False
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        return False
-    host = _host_key(parts.hostname)
-    for entry in allow_hosts:
-        try:
-            allowed, allowed_port = _split_entry(entry)
-        except ValueError:
-            continue
-        if allowed == host and allowed_port in (None, port):
-            return True
-    return False
-
-
-# --- tools --------------------------------------------------------------------------------
-
-
-class McpServerConfig(_Model):
-    """One MCP server: streamable HTTP (``url``) or a stdio subprocess (``command``)."""
-
-    url: str | None = None
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    command: str | None = None
-    args: list[str] = Field(default_factory=list, repr=False)
-    env: dict[str, SecretStr] = Field(default_factory=dict)
-    tools: list[str] | None = None  # the allowlist; None: every tool the server lists
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
-        if self.url is not None and self.command is not None:
-            raise ValueError("give either url or command, not both")
-        if self.url is None and self.command is None:
-            raise ValueError("give url (streamable HTTP) or command (stdio)")
-        if self.url is not None:
-            if urlsplit(self.url).scheme not in ("http", "https"):
-                raise _At(("url",), f"must be an http or https URL, not {self.url!r}")
-            if self.args or self.env:
-                raise ValueError("args and env go with command, not url")
-        elif self.headers:
-            raise ValueError("headers go with url, not command")
-        return self
-
-    def plain_headers(self) -> dict[str, str]:
-        return {k: v.get_secret_value() for k, v in self.headers.items()}
-
-    def plain_env(self) -> dict[str, str]:
-        return {k: v.get_secret_value() for k, v in self.env.items()}
-
-
-class HttpActionConfig(_Model):
-    """One HTTP action: a tool that sends one request, its arguments a JSON Schema."""
-
-    description: str
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    url: str
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    body: Any = Field(None, repr=False)  # a template: strings may hold {argument}
-    idempotency_header: str | None = None
-    timeout: Duration | None = None
-    arguments: JsonSchema = Field(default_factory=lambda: {"type": "object", "properties": {}})
-
-    @field_validator("method", mode="before")
-    @classmethod
-    def _upper(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) and value.upper() in _METHODS else value
-
-    @field_validator("description")
-    @classmethod
-    def _described(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must say what the action does (the model reads it)")
-        return value
-
-    @field_validator("idempotency_header")
-    @classmethod
-    def _header_name(cls, value: str | None) -> str | None:
-        if value is not None and not _HEADER_NAME.match(value):
-            raise ValueError(f"{value!r} is not a header name")
-        return value
-
-    @model_validator(mode="after")
-    def _placeholders_are_arguments(self) -> HttpActionConfig:
-        if self.arguments.get("type") != "object":
-            raise _At(("arguments",), "must be a JSON Schema of type: object")
-        known = set(self.arguments.get("properties") or {})
-        for name in placeholders(self.url):
-            if name not in known:
-                raise _At(("url",), f"{{{name}}} is not one of the arguments")
-        return self
-
-    @property
-    def idempotent(self) -> bool:
-        """An HTTP action may re-run after a crash only if it sends an idempotency key."""
-        return self.idempotency_header is not None
-
-    def plain_headers(self) -> dict[str, str]:
-        return {k: v.get_secret_value() for k, v in self.headers.items()}
-
-
-def placeholders(template: str) -> list[str]:
-    """The ``{argument}`` names in a URL or body template, in order."""
-    return _PLACEHOLDER.findall(template)
 
 
 class ToolsConfig(_Model):
+    """``tools:``, composed of the sections each tool source owns."""
+
     modules: list[str] = Field(default_factory=list)
-    http_allow_hosts: list[Annotated[str, AfterValidator(_allow_entry)]] = Field(
-        default_factory=list
-    )
-    mcp: dict[str, McpServerConfig] = Field(default_factory=dict)
-    http: dict[str, HttpActionConfig] = Field(default_factory=dict)
+    http_allow_hosts: list[AllowHostEntry] = Field(default_factory=list)
+    mcp: dict[ServerName, McpServerConfig] = Field(default_factory=dict)
+    http: dict[ActionName, HttpActionConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _names_and_hosts(self) -> ToolsConfig:
-        for name in self.mcp:
-            if not _MCP_SERVER_NAME.match(name):
-                raise _At(("mcp", name), "a server name may hold only letters, digits, _ and -")
-        for name, action in self.http.items():
-            if not _HTTP_ACTION_NAME.match(name):
-                raise _At(("http", name), "an action name is 1-64 letters, digits, _ or -")
-            if not host_allowed(action.url, self.http_allow_hosts):
-                host = urlsplit(action.url).netloc or action.url
-                raise _At(("http", name, "url"), f"host {host!r} is not in tools.http_allow_hosts")
+    def _hosts_listed(self) -> ToolsConfig:
+        if (bad := unlisted(self.http, self.allowed_hosts)) is not None:
+            name, problem = bad
+            raise _At(("http", name, "url"), problem)
         return self
+
+    @property
+    def allowed_hosts(self) -> AllowedHosts:
+        return AllowedHosts.parse(self.http_allow_hosts)
 
 
 # --- approvals and policy -----------------------------------------------------------------
@@ -331,9 +127,6 @@ class PolicyRule(_Model):
     quorum: int | None = Field(None, ge=1, le=MAX_QUORUM)
     allow_self: bool | None = None
     expires_in: Duration | None = None
-    remind_after: Duration | None = None
-    escalate_to: list[Approver] | None = None
-    max_grant: Duration | None = None
     channels: list[Channel] | None = None
     idempotent: bool | None = None
     trust_hints: bool | None = None
@@ -516,6 +309,8 @@ def _message(error: Any) -> tuple[tuple[Any, ...], str]:
         return (*loc, *ctx["error"].path), str(ctx["error"])
     if kind == "extra_forbidden":
         if len(loc) == 1 and loc[0] in LATER_SECTIONS:
+            return loc, "is not supported by this release"
+        if len(loc) == 3 and loc[0] == "policy" and loc[2] in LATER_RULE_KEYS:
             return loc, "is not supported by this release"
         return loc, "is not a known key"
     messages = {

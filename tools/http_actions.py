@@ -1,7 +1,9 @@
 """HTTP actions from ``opsloop.yaml`` (``tools.http.<name>``): one request per tool call.
 
-Each action becomes a :class:`Tool` (``source="http"``, approval before running,
-idempotent only with an ``idempotency_header``). What a call sends:
+What an action may be is its model's to say (``tools/http_config.py``, whose rules the
+file's reader applies too). Each action becomes a :class:`Tool` (``source="http"``,
+approval before running, idempotent only with an ``idempotency_header``). What a call
+sends:
 
 - URL: ``{arg}`` placeholders only in the path and the query, every value URL-encoded
   with nothing kept (``/ ? # %`` and spaces too), so a value can neither change the host
@@ -16,8 +18,9 @@ idempotent only with an ``idempotency_header``). What a call sends:
 - The idempotency header, when configured, carries ``ctx.idempotency_key`` (the same on
   every attempt of one call). Redirects are not followed.
 
-Values that are not strings are written as JSON (``true``, ``3``). Only names declared in
-the argument schema are placeholders; other braces are left as they are.
+Values that are not strings are written as JSON (``true``, ``3``). A ``{name}`` in the URL
+is always a required argument (the model refuses any other); in headers and the body
+only names declared in the argument schema are placeholders, other braces stay as they are.
 
 Answers: 2xx is ``{"status": ..., "body": <JSON or text>}``; any status not named below
 raises :class:`ToolError` naming the status and host with a short excerpt. At most
@@ -53,7 +56,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -65,49 +68,27 @@ from multidict import CIMultiDict
 
 from tools.context import ToolContext
 from tools.errors import OutcomeUnknown, RetryableToolError, ToolError, ToolLoadError
+from tools.http_config import (
+    PLACEHOLDER,
+    AllowedHosts,
+    HttpActionConfig,
+    has_dot_segment,
+    host_of,
+    unlisted,
+)
 from tools.output import HEAD_BYTES, MAX_RESULT_BYTES, cut_note, fit_text
 from tools.registry import Tool
 from tools.schema_tool import SchemaArguments, schema_tool
 
 log = logging.getLogger(__name__)
 
-METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
-_DOT_SEGMENTS = frozenset({".", "..", "%2e", ".%2e", "%2e.", "%2e%2e"})
 # Headers that never hold a credential, so answers echoing them are left alone.
 _PLAIN_HEADERS = frozenset({"accept", "accept-language", "content-type", "user-agent"})
 _MAX_BODY_BYTES = MAX_RESULT_BYTES  # read no more than a result may store
 _EXCERPT_CHARS = 200
 _REDACTED = "[redacted]"
-
-
-@dataclass(frozen=True)
-class HttpAction:
-    """One ``tools.http.<name>`` entry, ``${VAR}`` already substituted.
-
-    ``body`` None means no template (see the module docstring for what is sent then).
-    """
-
-    name: str
-    description: str
-    method: str
-    url: str
-    arguments: Mapping[str, Any] = field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: Any = None
-    idempotency_header: str | None = None
-    timeout_s: float = 30.0
-
-    def __repr__(self) -> str:
-        # Header values and the body template may hold secrets: names only.
-        return (
-            f"HttpAction(name={self.name!r}, method={self.method!r}, "
-            f"host={_host_of(self.url)!r}, headers={sorted(self.headers)!r})"
-        )
 
 
 class HttpActionLoadError(ToolLoadError):
@@ -118,102 +99,6 @@ class HttpActionLoadError(ToolLoadError):
         ToolError.__init__(self, f"{key}: {problem}")
         self.module = key
         self.cause = ValueError(problem)
-
-
-# --- allowed hosts -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AllowedHost:
-    """``host`` (any port) or ``host:port`` from ``tools.http_allow_hosts``."""
-
-    host: str
-    port: int | None = None
-
-    @classmethod
-    def parse(cls, entry: str) -> AllowedHost:
-        text = entry.strip().lower()
-        if not text or "/" in text or "@" in text:
-            raise ValueError(f"entry {entry!r} is not a host or host:port")
-        host, port = text, None
-        if text.startswith("["):  # [v6] or [v6]:port
-            end = text.find("]")
-            host, rest = text[1:end], text[end + 1 :]
-            if end < 0 or (rest and not rest.startswith(":")):
-                raise ValueError(f"entry {entry!r} is not a host or host:port")
-            port = _port(entry, rest[1:]) if rest else None
-        elif text.count(":") == 1:
-            host, raw = text.split(":")
-            port = _port(entry, raw)
-        if not host:
-            raise ValueError(f"entry {entry!r} has no host")
-        return cls(host=host.rstrip("."), port=port)
-
-    def allows(self, host: str, port: int) -> bool:
-        return self.host == host and (self.port is None or self.port == port)
-
-
-def _port(entry: str, raw: str) -> int:
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ValueError(f"entry {entry!r} has a bad port")
-    return int(raw)
-
-
-def _host_of(url: str) -> str:
-    try:
-        return (urlsplit(url).hostname or "").rstrip(".")
-    except ValueError:
-        return ""
-
-
-def _allowed(url: str, allow: Iterable[AllowedHost]) -> bool:
-    parts = urlsplit(url)
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return False
-    host = _host_of(url)
-    return bool(host) and any(a.allows(host, port) for a in allow)
-
-
-# --- checking an action at startup -------------------------------------------------------
-
-
-def check_action(action: HttpAction, allow: Iterable[AllowedHost]) -> None:
-    """Refuse an action whose URL, method or timeout cannot be used; one line."""
-
-    def fail(problem: str) -> HttpActionLoadError:
-        return HttpActionLoadError(f"tools.http.{action.name}", problem)
-
-    if action.method.upper() not in METHODS:
-        raise fail(f"method {action.method!r} is not one of {', '.join(sorted(METHODS))}")
-    if not action.timeout_s > 0:
-        raise fail("timeout must be more than 0 seconds")
-    try:
-        parts = urlsplit(action.url)
-    except ValueError:
-        raise fail("url is not a URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise fail("url must be an absolute http:// or https:// URL")
-    if _PLACEHOLDER.search(parts.netloc) or "{" in parts.netloc:
-        raise fail("placeholders may appear only in the url's path and query")
-    if parts.username or parts.password:
-        raise fail("url must not hold credentials; put them in headers")
-    if parts.fragment:
-        raise fail("url must not have a #fragment")
-    if not _allowed(action.url, allow):
-        raise fail(f"host {_host_of(action.url)!r} is not in tools.http_allow_hosts")
-    properties = action.arguments.get("properties") or {}
-    required = set(action.arguments.get("required") or ())
-    for name in _PLACEHOLDER.findall(parts.path + parts.query):
-        if name not in properties or name not in required:
-            raise fail(f"url placeholder {{{name}}} must be a required argument")
-    if _has_dot_segment(_PLACEHOLDER.sub("x", parts.path)):
-        raise fail("url path must not have '.' or '..' segments")
-
-
-def _has_dot_segment(path: str) -> bool:
-    return any(seg.lower() in _DOT_SEGMENTS for seg in path.split("/"))
 
 
 # --- filling in the templates ------------------------------------------------------------
@@ -233,12 +118,12 @@ def _fill(template: str, args: Mapping[str, Any], known: Iterable[str], encode: 
         value = _text(args.get(name, ""))
         return quote(value, safe="") if encode else value
 
-    return _PLACEHOLDER.sub(one, template)
+    return PLACEHOLDER.sub(one, template)
 
 
 def _used(template: str, known: Iterable[str]) -> set[str]:
     names = set(known)
-    return {n for n in _PLACEHOLDER.findall(template) if n in names}
+    return {n for n in PLACEHOLDER.findall(template) if n in names}
 
 
 _ABSENT = object()  # a whole-string placeholder whose argument the call did not give
@@ -247,7 +132,7 @@ _ABSENT = object()  # a whole-string placeholder whose argument the call did not
 def _fill_body(node: Any, args: Mapping[str, Any], known: set[str]) -> Any:
     """The body template with arguments in; ``_ABSENT`` for a whole-string missing one."""
     if isinstance(node, str):
-        whole = _PLACEHOLDER.fullmatch(node)
+        whole = PLACEHOLDER.fullmatch(node)
         if whole and whole.group(1) in known:
             return args.get(whole.group(1), _ABSENT)
         return _fill(node, args, known, encode=False)
@@ -267,7 +152,9 @@ class _Request:
     data: bytes | None
 
 
-def build_request(action: HttpAction, args: Mapping[str, Any], idempotency_key: str) -> _Request:
+def build_request(
+    action: HttpActionConfig, args: Mapping[str, Any], idempotency_key: str
+) -> _Request:
     """The request one call sends (pure); ``ToolError`` for arguments that cannot go in it."""
     known = set((action.arguments.get("properties") or {}).keys())
     parts = urlsplit(action.url)
@@ -275,7 +162,7 @@ def build_request(action: HttpAction, args: Mapping[str, Any], idempotency_key: 
         if _text(args.get(name, "")) == "":
             raise ToolError(f"argument {name!r} may not be empty: it is part of the URL path")
     path = _fill(parts.path, args, known, encode=True)
-    if _has_dot_segment(path):
+    if has_dot_segment(path):
         raise ToolError("an argument may not be '.' or '..': it is part of the URL path")
     query = _fill(parts.query, args, known, encode=True)
     in_url = _used(parts.path + parts.query, known)
@@ -292,7 +179,7 @@ def build_request(action: HttpAction, args: Mapping[str, Any], idempotency_key: 
         query = f"{query}&{extra}" if query else extra
     if data is not None:
         headers["Content-Type"] = "application/json"
-    for name, template in action.headers.items():
+    for name, template in action.plain_headers().items():
         used = _used(template, known)
         if any(n not in args for n in used):
             continue  # an optional argument the call did not give
@@ -335,13 +222,13 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def _secrets_of(action: HttpAction) -> list[str]:
+def _secrets_of(action: HttpActionConfig) -> list[str]:
     """Configured header text that may be a credential (longest first, for redaction)."""
     found: set[str] = set()
-    for name, template in action.headers.items():
+    for name, template in action.plain_headers().items():
         if name.lower() in _PLAIN_HEADERS:
             continue
-        if not _PLACEHOLDER.search(template) and template.strip():
+        if not PLACEHOLDER.search(template) and template.strip():
             found.add(template.strip())
         found.update(t for t in template.split() if len(t) >= 8 and "{" not in t)
     return sorted(found, key=len, reverse=True)
@@ -420,10 +307,14 @@ async def _note_sent(
 
 
 def _exchange_failure(
-    action: HttpAction, host: str, exc: TimeoutError | aiohttp.ClientError, sent: bool
+    name: str,
+    action: HttpActionConfig,
+    host: str,
+    exc: TimeoutError | aiohttp.ClientError,
+    sent: bool,
 ) -> ToolError:
     """A request that got no (whole) answer: retryable, OutcomeUnknown or a ToolError."""
-    name = type(exc).__name__  # only the type: an exception's text may quote a header
+    kind = type(exc).__name__  # only the type: an exception's text may quote a header
     timed_out = isinstance(exc, TimeoutError)
     transient = timed_out or isinstance(
         exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError
@@ -432,26 +323,24 @@ def _exchange_failure(
         if timed_out:
             return RetryableToolError(f"cannot reach {host}: no connection within the timeout")
         if transient:
-            return RetryableToolError(f"cannot reach {host}: {name}")
-        return ToolError(f"HTTP request to {host} failed: {name}")
+            return RetryableToolError(f"cannot reach {host}: {kind}")
+        return ToolError(f"HTTP request to {host} failed: {kind}")
     if action.idempotency_header:
         if timed_out:
-            return RetryableToolError(
-                f"HTTP request to {host} timed out after {action.timeout_s:g}s"
-            )
+            return RetryableToolError(f"HTTP request to {host} timed out after {action.timeout:g}s")
         if transient:
-            return RetryableToolError(f"the connection to {host} failed: {name}")
-        return ToolError(f"HTTP request to {host} failed: {name}")
+            return RetryableToolError(f"the connection to {host} failed: {kind}")
+        return ToolError(f"HTTP request to {host} failed: {kind}")
     seen = (
-        f"no answer from {host} within {action.timeout_s:g}s"
+        f"no answer from {host} within {action.timeout:g}s"
         if timed_out
-        else f"the connection to {host} failed ({name})"
+        else f"the connection to {host} failed ({kind})"
     )
-    return OutcomeUnknown(f"{seen} after the request was sent; {_unknown(action)}")
+    return OutcomeUnknown(f"{seen} after the request was sent; {_unknown(name)}")
 
 
-def _unknown(action: HttpAction) -> str:
-    return f"whether {action.name} took effect is unknown"
+def _unknown(name: str) -> str:
+    return f"whether {name} took effect is unknown"
 
 
 # --- the source --------------------------------------------------------------------------
@@ -461,30 +350,33 @@ class HttpActions:
     """The ``tools.http`` actions as a :class:`~tools.sources.ToolSource`."""
 
     name = "http"
+    key = "tools.http"
 
-    def __init__(self, actions: Iterable[HttpAction], allow_hosts: Iterable[str]) -> None:
-        self.actions = list(actions)
-        self.allow_hosts = list(allow_hosts)
+    def __init__(self, actions: Mapping[str, HttpActionConfig], allow_hosts: Iterable[str]) -> None:
+        """``actions`` by name and ``allow_hosts`` as ``tools.http`` and
+        ``tools.http_allow_hosts`` give them (the file's reader has refused what the
+        models refuse; an entry that is not a host is refused here too)."""
+        self.actions = dict(actions)
+        try:
+            self.allow = AllowedHosts.parse(allow_hosts)
+        except ValueError as exc:
+            raise HttpActionLoadError("tools.http_allow_hosts", str(exc)) from None
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
-        return f"HttpActions({[a.name for a in self.actions]!r})"
+        return f"HttpActions({list(self.actions)!r})"
 
     async def open(self) -> list[Tool]:
         """Check every action against the allowed hosts and build its tool."""
-        allow = []
-        for entry in self.allow_hosts:
-            try:
-                allow.append(AllowedHost.parse(entry))
-            except ValueError as exc:
-                raise HttpActionLoadError("tools.http_allow_hosts", str(exc)) from None
+        if (bad := unlisted(self.actions, self.allow)) is not None:
+            name, problem = bad
+            raise HttpActionLoadError(f"tools.http.{name}.url", problem)
         tools = []
-        for action in self.actions:
-            check_action(action, allow)
+        for name, action in self.actions.items():
             try:
-                tools.append(self._tool(action, allow))
+                tools.append(self._tool(name, action))
             except ToolError as exc:
-                raise HttpActionLoadError(f"tools.http.{action.name}", str(exc)) from None
+                raise HttpActionLoadError(f"tools.http.{name}", str(exc)) from None
         if self._session is None:
             trace = aiohttp.TraceConfig()
             trace.on_request_headers_sent.append(_note_sent)
@@ -502,26 +394,26 @@ class HttpActions:
         if session is not None:
             await session.close()
 
-    def _tool(self, action: HttpAction, allow: list[AllowedHost]) -> Tool:
+    def _tool(self, name: str, action: HttpActionConfig) -> Tool:
         secrets = _secrets_of(action)
 
         async def call(args: SchemaArguments, ctx: ToolContext) -> dict[str, Any]:
-            return await self._call(action, allow, secrets, args.as_dict(), ctx)
+            return await self._call(name, action, secrets, args.as_dict(), ctx)
 
         return schema_tool(
-            name=action.name,
+            name=name,
             description=action.description,
             schema=dict(action.arguments),
             func=call,
             policy="approve_before_run",
             source="http",
-            idempotent=bool(action.idempotency_header),
+            idempotent=action.idempotent,
         )
 
     async def _call(
         self,
-        action: HttpAction,
-        allow: list[AllowedHost],
+        name: str,
+        action: HttpActionConfig,
         secrets: list[str],
         args: dict[str, Any],
         ctx: ToolContext,
@@ -529,8 +421,8 @@ class HttpActions:
         if self._session is None:
             raise RuntimeError("HttpActions is not open")
         req = build_request(action, args, ctx.idempotency_key)
-        host = _host_of(req.url)
-        if not _allowed(req.url, allow):  # cannot happen by construction; checked anyway
+        host = host_of(req.url)
+        if not self.allow.allows(req.url):  # cannot happen by construction; checked anyway
             raise ToolError(f"host {host!r} is not in tools.http_allow_hosts")
         progress = _Progress()
         try:
@@ -540,16 +432,16 @@ class HttpActions:
                 headers=req.headers,
                 data=req.data,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=action.timeout_s),
+                timeout=aiohttp.ClientTimeout(total=action.timeout),
                 trace_request_ctx=progress,
             ) as resp:
                 text, cut = await _read_text(resp)
         except (TimeoutError, aiohttp.ClientError) as exc:
-            error = _exchange_failure(action, host, exc, progress.sent)
+            error = _exchange_failure(name, action, host, exc, progress.sent)
             log.warning(
                 "http action failed action=%s method=%s host=%s error=%s sent=%s "
                 "thread_id=%s tool_call_id=%s attempt=%s",
-                action.name,
+                name,
                 req.method,
                 host,
                 type(exc).__name__,
@@ -562,7 +454,7 @@ class HttpActions:
         text = _redact(text, secrets)
         log.info(
             "http action=%s method=%s host=%s status=%s thread_id=%s tool_call_id=%s attempt=%s",
-            action.name,
+            name,
             req.method,
             host,
             resp.status,
@@ -578,7 +470,7 @@ class HttpActions:
             message += " (redirects are not followed)"
         if _is_retryable(resp.status):
             if not action.idempotency_header and _may_have_acted(resp.status):
-                raise OutcomeUnknown(f"{message}; {_unknown(action)}")
+                raise OutcomeUnknown(f"{message}; {_unknown(name)}")
             wait = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
             raise RetryableToolError(message, retry_after=wait)
         raise ToolError(message)

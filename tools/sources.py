@@ -16,6 +16,7 @@ class ToolSource(Protocol):
     """Tools from one place (an MCP server, the HTTP actions of a config file)."""
 
     name: str  # for logs and errors: "mcp:grafana", "http"
+    key: str  # where opsloop.yaml configures it: "tools.mcp.grafana", "tools.http"
 
     async def open(self) -> list[Tool]:
         """Connect and return the tools; one-line ``ToolLoadError`` when it cannot."""

@@ -176,9 +176,35 @@ def test_a_server_that_cannot_start_is_one_line_exit_2(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("tools", db=None, cwd=tmp_path), "opsloop: ", "demo")
 
 
+# The module the shipped example names, for a check run beside it (cwd is on sys.path).
+ACME_DEPLOY = '''
+from pydantic import BaseModel
+from tools import ToolContext, tool
+
+class DeployArgs(BaseModel):
+    service: str
+    environment: str
+
+@tool(policy="run_now")
+async def deploy(args: DeployArgs, ctx: ToolContext) -> dict:
+    """Deploy a service."""
+    return {}
+'''
+
+
 def test_config_check(tmp_path: Path) -> None:
     example = ROOT / "opsloop.example.yaml"
     env = {"GRAFANA_TOKEN": "glsa-secret-1", "PLATFORM_TOKEN": "plat-secret-2"}
+    # It imports the modules the file names, as serve does (issue 15).
+    missing = run_cli("config", "check", str(example), db=None, cwd=tmp_path, env=env)
+    line = assert_one_line_error(missing)
+    assert line == (
+        "opsloop: cannot import tool module 'acme_tools.deploy': ModuleNotFoundError: No"
+        " module named 'acme_tools'"
+    )
+    (tmp_path / "acme_tools").mkdir()
+    (tmp_path / "acme_tools" / "__init__.py").write_text("")
+    (tmp_path / "acme_tools" / "deploy.py").write_text(ACME_DEPLOY)
     ok = run_cli("config", "check", str(example), db=None, cwd=tmp_path, env=env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"{example}: valid (2 modules, 2 MCP servers, 1 HTTP actions")

@@ -9,14 +9,14 @@ import pytest
 
 from engine.config import load_settings
 from engine.config_file import (
+    LATER_RULE_KEYS,
     ConfigFile,
-    host_allowed,
     load_config_file,
     parse_config,
     parse_duration,
-    placeholders,
 )
 from engine.errors import ConfigError
+from tools.http_config import placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "opsloop.example.yaml"
@@ -40,14 +40,28 @@ def error_of(text: str, env: dict[str, str] | None = None) -> str:
 # --- the DESIGN example -------------------------------------------------------------------
 
 
-def test_the_example_is_the_design_example_verbatim():
+def test_the_example_is_the_design_example_minus_the_keys_this_release_refuses():
+    # DESIGN's example also shows rule keys no code acts on yet (LATER_RULE_KEYS: the
+    # loader refuses them as "not supported by this release"). The shipped example shows
+    # only what works: DESIGN's lines, less those keys, and nothing else changed.
     places = [ROOT / "DESIGN.md", ROOT / "docs" / "DESIGN.md", Path("/work/shared/DESIGN.md")]
     design = next((p for p in places if p.exists()), None)
     if design is None:
         pytest.skip("DESIGN.md is not beside the checkout")
     block = re.search(r"## The configuration file.*?```yaml\n(.*?)```", design.read_text(), re.S)
     assert block is not None
-    assert EXAMPLE.read_text() == block.group(1)
+    later = re.compile(rf"^\s+(?:{'|'.join(LATER_RULE_KEYS)}):")
+    supported = [line for line in block.group(1).splitlines(True) if not later.match(line)]
+    assert len(supported) == len(block.group(1).splitlines()) - len(LATER_RULE_KEYS)
+    assert EXAMPLE.read_text() == "".join(supported)
+
+
+@pytest.mark.parametrize("key", LATER_RULE_KEYS)
+def test_rule_keys_nothing_acts_on_yet_are_not_supported(key):
+    value = "['U0A1']" if key == "escalate_to" else "1h"
+    assert error_of(f"policy: [{{tool: a, policy: approve_before_run, {key}: {value}}}]") == (
+        f"opsloop.yaml: policy[0].{key}: is not supported by this release"
+    )
 
 
 def test_the_example_loads_every_section():
@@ -70,9 +84,7 @@ def test_the_example_loads_every_section():
     assert cfg.approvals.approvers == ["S0SRE"] and cfg.approvals.expires_in == 86400.0
     deploy = cfg.policy[2]
     assert (deploy.tool, deploy.policy, deploy.quorum) == ("deploy", "approve_before_run", 2)
-    assert (deploy.expires_in, deploy.remind_after) == (7200.0, 1800.0)
-    assert deploy.escalate_to == ["oncall:PXXXXXX"]
-    assert cfg.policy[3].max_grant == 3600.0 and cfg.policy[3].channels == ["C0OPS"]
+    assert deploy.expires_in == 7200.0 and cfg.policy[3].channels == ["C0OPS"]
     assert cfg.policy[1].reason == "Deleting resources is not allowed from chat."
 
 
@@ -131,8 +143,8 @@ tools:
         ),
         (
             "tools: {mcp: {'my server': {command: k}}}",
-            "opsloop.yaml: tools.mcp.my server: a server name may hold only letters, digits,"
-            " _ and -",
+            "opsloop.yaml: tools.mcp.my server: a server name is 1-56 letters, digits, _ or -"
+            " (its tools are named mcp__<server>__<tool>, at most 64 characters)",
         ),
         (
             "integrations: {github: {}}",
@@ -171,8 +183,8 @@ tools:
             " 1d, not 24",
         ),
         (
-            "policy: [{tool: a, policy: approve_before_run, remind_after: 1 hour}]",
-            "opsloop.yaml: policy[0].remind_after: must be a duration such as 30s, 10m, 2h"
+            "policy: [{tool: a, policy: approve_before_run, expires_in: 1 hour}]",
+            "opsloop.yaml: policy[0].expires_in: must be a duration such as 30s, 10m, 2h"
             " or 1d, not '1 hour'",
         ),
         (
@@ -181,8 +193,8 @@ tools:
             " (U…, W…), user-group ids (S…) or oncall:<schedule or escalation policy id>",
         ),
         (
-            "policy: [{tool: a, policy: run_now, escalate_to: ['oncall:']}]",
-            "opsloop.yaml: policy[0].escalate_to[0]: 'oncall:' is not an approver: use user"
+            "policy: [{tool: a, policy: run_now, approvers: ['oncall:']}]",
+            "opsloop.yaml: policy[0].approvers[0]: 'oncall:' is not an approver: use user"
             " ids (U…, W…), user-group ids (S…) or oncall:<schedule or escalation policy id>",
         ),
         (
@@ -255,8 +267,8 @@ def test_an_empty_file_is_the_environment_alone(text):
 )
 def test_durations_are_seconds(text, seconds):
     assert parse_duration(text) == seconds
-    cfg = parse_config(f"policy: [{{tool: a, policy: approve_before_run, max_grant: {text}}}]", {})
-    assert cfg.policy[0].max_grant == seconds
+    cfg = parse_config(f"policy: [{{tool: a, policy: approve_before_run, expires_in: {text}}}]", {})
+    assert cfg.policy[0].expires_in == seconds
 
 
 @pytest.mark.parametrize("bad", ["30", 30, "0s", "1.5h", "1w", "2 h", "h", "-1m", "1H", None, ""])
@@ -334,6 +346,22 @@ def test_http_actions_need_listed_hosts():
     assert parse_config(ok, {}).tools.http["ping"].url == "https://api.example:8443/x"
     port = text.format(url="https://api.example/x", hosts="  http_allow_hosts: [api.example:8443]")
     assert "host 'api.example' is not in" in error_of(port)
+    # An IP is one address however it is spelt (serve once refused this, check allowed it).
+    v6 = text.format(
+        url="'http://[::1]:8080/ping'", hosts="  http_allow_hosts: ['0:0:0:0:0:0:0:1']"
+    )
+    assert parse_config(v6, {}).tools.http["ping"].url == "http://[::1]:8080/ping"
+
+
+@pytest.mark.parametrize(("length", "ok"), [(1, True), (41, True), (56, True), (57, False)])
+def test_mcp_server_names_leave_room_for_a_tool_name(length, ok):
+    # mcp__<server>__<tool> must fit Anthropic's 64 characters: 56 leaves one for the tool.
+    name = "s" * length
+    text = f"tools: {{mcp: {{{name}: {{command: srv}}}}}}"
+    if ok:
+        assert name in parse_config(text, {}).tools.mcp
+    else:
+        assert error_of(text).startswith(f"opsloop.yaml: tools.mcp.{name}: a server name is 1-56")
 
 
 @pytest.mark.parametrize(
@@ -345,12 +373,18 @@ def test_http_actions_need_listed_hosts():
         ("a" * 65, False),
         ("a.b", False),
         ("a b", False),
+        ("request_clarification", False),
     ],
 )
 def test_http_action_names_make_tool_names(name, ok):
     text = f"tools: {{http_allow_hosts: [h], http: {{'{name}': {{description: d, url: 'https://h/'}}}}}}"
     if ok:
         assert name in parse_config(text, {}).tools.http
+    elif name == "request_clarification":
+        assert error_of(text) == (
+            f"opsloop.yaml: tools.http.{name}: {name!r} is the name of the engine's own"
+            " control tool"
+        )
     else:
         assert error_of(text) == (
             f"opsloop.yaml: tools.http.{name}: an action name is 1-64 letters, digits, _ or -"
@@ -363,6 +397,34 @@ def test_http_action_names_make_tool_names(name, ok):
         (
             "{description: d, url: 'https://h/{svc}'}",
             "tools.http.a.url: {svc} is not one of the arguments",
+        ),
+        (
+            "{description: d, url: 'https://h/{svc}', arguments: {type: object,"
+            " properties: {svc: {type: string}}}}",
+            "tools.http.a.url: {svc} must be a required argument (an optional one may be missing)",
+        ),
+        (
+            "{description: d, url: 'https://h/x?v={svc}', arguments: {type: object,"
+            " properties: {svc: {type: string}}}}",
+            "tools.http.a.url: {svc} must be a required argument",
+        ),
+        (
+            "{description: d, url: 'https://{svc}.h/', arguments: {type: object,"
+            " properties: {svc: {type: string}}, required: [svc]}}",
+            "tools.http.a.url: placeholders may appear only in the url's path and query",
+        ),
+        ("{description: d, url: 'https://u:p@h/'}", "tools.http.a.url: must not hold credentials"),
+        ("{description: d, url: 'https://h/#x'}", "tools.http.a.url: must not have a #fragment"),
+        ("{description: d, url: 'https://h/a/../b'}", "tools.http.a.url: its path must not have"),
+        ("{description: d, url: 'ftp://h/'}", "tools.http.a.url: must be an absolute http://"),
+        (
+            "{description: d, url: 'https://h:99999/'}",
+            "tools.http.a.url: 'https://h:99999/' is not",
+        ),
+        ("{description: d, url: 'https://h/a b'}", "tools.http.a.url: must not hold spaces"),
+        (
+            "{description: d, url: 'https://h/', headers: {'X Y': z}}",
+            "tools.http.a.headers.X Y: 'X Y' is not a header name",
         ),
         ("{description: ' ', url: 'https://h/'}", "tools.http.a.description: must say what"),
         ("{url: 'https://h/'}", "tools.http.a.description: is required"),
@@ -412,44 +474,13 @@ tools:
       arguments:
         type: object
         properties: {service: {type: string}, count: {type: integer}}
+        required: [service]
 """,
         {},
     )
     action = cfg.tools.http["a"]
     assert (action.method, action.timeout, action.idempotent) == ("PUT", 30.0, False)
     assert placeholders(action.url) == ["service"] and action.body == {"replicas": "{count}"}
-
-
-@pytest.mark.parametrize(
-    ("url", "hosts", "allowed"),
-    [
-        ("https://platform.internal/x", ["platform.internal"], True),
-        ("https://PLATFORM.internal./x", ["platform.internal"], True),
-        ("http://platform.internal:8080/x", ["platform.internal"], True),
-        ("https://platform.internal/x", ["platform.internal:443"], True),
-        ("https://platform.internal:8443/x", ["platform.internal:443"], False),
-        ("http://platform.internal/x", ["platform.internal:80"], True),
-        ("https://api.platform.internal/x", ["platform.internal"], False),
-        ("https://platform.internal.evil.com/x", ["platform.internal"], False),
-        ("https://platform.internal@evil.com/x", ["platform.internal"], False),
-        ("https://evil.com\\@platform.internal/x", ["platform.internal"], False),
-        ("https://evil.com#@platform.internal/x", ["platform.internal"], False),
-        ("https://platform.internal /x", ["platform.internal"], False),
-        ("ftp://platform.internal/x", ["platform.internal"], False),
-        ("file:///etc/passwd", ["platform.internal"], False),
-        ("https:///x", ["platform.internal"], False),
-        ("https://platform.internal:99999/x", ["platform.internal"], False),
-        ("http://10.0.0.5:9000/x", ["10.0.0.5"], True),
-        ("http://10.0.0.6/x", ["10.0.0.5"], False),
-        ("http://[::1]:8080/x", ["::1"], True),
-        ("http://[0:0::1]:8080/x", ["[::1]:8080"], True),
-        ("http://[::1]:8081/x", ["[::1]:8080"], False),
-        ("https://platform.internal/x", [], False),
-        ("https://platform.internal/x", ["https://platform.internal", "platform.internal"], True),
-    ],
-)
-def test_host_allowed(url, hosts, allowed):
-    assert host_allowed(url, hosts) is allowed
 
 
 @pytest.mark.parametrize("entry", ["https://h", "h/x", "h:0", "h:port", "*.internal", "[::1", ""])
@@ -506,10 +537,10 @@ def test_env_values_feed_load_settings_and_set_variables_win():
         "OPSLOOP_APPROVAL_TTL_SECONDS": "86400.0",
     }
     from_file = load_settings({}, file=cfg.env_values())
-    assert from_file.approvers.approvers == {"S0SRE"} and from_file.runner.approval_ttl_s == 86400
+    assert from_file.reviewers.approvers == {"S0SRE"} and from_file.runner.approval_ttl_s == 86400
     env = {"OPSLOOP_APPROVERS": "U0BOSS", "OPSLOOP_ALLOW_SELF_APPROVAL": "true"}
     both = load_settings(env, file=cfg.env_values())
-    assert both.approvers.approvers == {"U0BOSS"} and both.approvers.allow_self
+    assert both.reviewers.approvers == {"U0BOSS"} and both.reviewers.allow_self
 
 
 def test_env_values_hold_only_what_the_file_gives():

@@ -22,7 +22,7 @@ from tools.errors import OutcomeUnknown
 from tools.mcp import (
     DefinitionChanged,
     McpLoadError,
-    McpServer,
+    McpServerConfig,
     McpSource,
     McpUnavailable,
     current_definitions,
@@ -49,8 +49,8 @@ ALL = [
 ]
 
 
-def stdio(*flags: str, **kw: object) -> McpServer:
-    return McpServer(name="demo", command=sys.executable, args=(SCRIPT, "stdio", *flags), **kw)  # type: ignore[arg-type]
+def stdio(*flags: str, **kw: object) -> McpServerConfig:
+    return McpServerConfig(command=sys.executable, args=[SCRIPT, "stdio", *flags], **kw)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -115,7 +115,7 @@ def server_children() -> list[int]:
 
 @pytest.fixture
 async def source() -> AsyncIterator[McpSource]:
-    src = McpSource(stdio())
+    src = McpSource("demo", stdio())
     yield src
     await src.close()
 
@@ -139,7 +139,7 @@ async def test_stdio_lists_every_page_and_calls_a_tool(source):
 
 
 async def test_http_lists_and_calls_a_tool(http_server):
-    src = McpSource(McpServer(name="demo", url=http_server.url, headers={"X-Token": "s3cret"}))
+    src = McpSource("demo", McpServerConfig(url=http_server.url, headers={"X-Token": "s3cret"}))
     try:
         tools = await opened(src)
         assert sorted(tools) == sorted(ALL)
@@ -197,7 +197,7 @@ async def test_an_answer_the_sdk_cannot_parse_fails_the_call_at_once_over_stdio(
 
 
 async def test_an_answer_the_sdk_cannot_parse_fails_the_call_over_http(http_server):
-    src = McpSource(McpServer(name="demo", url=http_server.url))
+    src = McpSource("demo", McpServerConfig(url=http_server.url))
     try:
         tools = await opened(src)
         with pytest.raises(ToolError) as caught:
@@ -225,7 +225,7 @@ async def test_a_result_over_the_bound_is_stored_cut_with_its_size_and_digest(st
 
 
 async def test_the_allowlist_keeps_only_the_named_tools():
-    src = McpSource(stdio(tools=("echo", "bump")))
+    src = McpSource("demo", stdio(tools=["echo", "bump"]))
     try:
         assert sorted(t.name for t in await src.open()) == ["mcp__demo__bump", "mcp__demo__echo"]
         assert sorted(await current_definitions(src)) == ["mcp__demo__bump", "mcp__demo__echo"]
@@ -234,7 +234,7 @@ async def test_the_allowlist_keeps_only_the_named_tools():
 
 
 async def test_an_allowlisted_tool_the_server_lacks_stops_startup_with_one_line():
-    src = McpSource(stdio(tools=("echo", "pods_list")))
+    src = McpSource("demo", stdio(tools=["echo", "pods_list"]))
     with pytest.raises(ToolLoadError) as caught:
         await src.open()
     message = str(caught.value)
@@ -244,7 +244,7 @@ async def test_an_allowlisted_tool_the_server_lacks_stops_startup_with_one_line(
 
 
 async def test_a_name_too_long_for_anthropic_stops_startup_with_one_line():
-    src = McpSource(stdio("--long-name"))
+    src = McpSource("demo", stdio("--long-name"))
     with pytest.raises(McpLoadError) as caught:
         await src.open()
     message = str(caught.value)
@@ -256,7 +256,8 @@ async def test_a_name_too_long_for_anthropic_stops_startup_with_one_line():
 
 async def test_an_unreachable_server_stops_startup_with_one_line_and_no_secret():
     src = McpSource(
-        McpServer(name="kube", command="/nonexistent/bin/s3cret-kube", env={"TOKEN": "s3cret-kube"})
+        "kube",
+        McpServerConfig(command="/nonexistent/bin/s3cret-kube", env={"TOKEN": "s3cret-kube"}),
     )
     with pytest.raises(McpLoadError) as caught:
         await src.open()
@@ -268,7 +269,7 @@ async def test_an_unreachable_server_stops_startup_with_one_line_and_no_secret()
 async def test_an_http_server_that_is_down_at_startup_stops_startup(http_server):
     url = http_server.url
     http_server.stop()
-    src = McpSource(McpServer(name="grafana", url=url, headers={"Authorization": "Bearer s3cret"}))
+    src = McpSource("grafana", McpServerConfig(url=url, headers={"Authorization": "Bearer s3cret"}))
     with pytest.raises(McpLoadError, match=r"^MCP server 'grafana' unreachable at startup: ") as c:
         await src.open()
     assert "s3cret" not in str(c.value)
@@ -301,7 +302,7 @@ async def test_a_server_lost_at_the_definition_check_is_retryable_the_call_was_n
 
 
 async def test_a_call_not_answered_in_time_is_outcome_unknown():
-    src = McpSource(stdio(), call_timeout_s=0.5)
+    src = McpSource("demo", stdio(), call_timeout_s=0.5)
     try:
         tools = await opened(src)
         with pytest.raises(OutcomeUnknown) as caught:
@@ -315,7 +316,7 @@ async def test_a_call_not_answered_in_time_is_outcome_unknown():
 
 
 async def test_an_http_server_dying_mid_call_is_outcome_unknown_with_no_secret(http_server):
-    src = McpSource(McpServer(name="demo", url=http_server.url, headers={"X-Token": "s3cret"}))
+    src = McpSource("demo", McpServerConfig(url=http_server.url, headers={"X-Token": "s3cret"}))
     try:
         tools = await opened(src)
         with pytest.raises(OutcomeUnknown, match=r"^MCP server 'demo' went away during") as c:
@@ -331,7 +332,7 @@ async def test_an_http_server_dying_mid_call_is_outcome_unknown_with_no_secret(h
 async def test_an_http_server_going_down_between_calls_is_retryable_and_the_next_call_reconnects(
     http_server,
 ):
-    src = McpSource(McpServer(name="demo", url=http_server.url))
+    src = McpSource("demo", McpServerConfig(url=http_server.url))
     try:
         tools = await opened(src)
         assert await run(tools["echo"], {"text": "a"}) == {"text": "echo: a"}
@@ -391,7 +392,7 @@ async def test_calls_share_one_session_and_a_cancelled_call_does_not_break_it(so
 
 
 async def test_close_ends_the_subprocess_and_is_safe_twice():
-    src = McpSource(stdio())
+    src = McpSource("demo", stdio())
     tools = await opened(src)
     pid = int((await run(tools["pid"], {}))["text"])  # type: ignore[index]
     assert server_children() == [pid]
@@ -403,10 +404,22 @@ async def test_close_ends_the_subprocess_and_is_safe_twice():
 
 
 def test_the_config_keeps_secrets_out_of_its_repr_and_needs_one_transport():
-    server = McpServer(name="g", url="http://x/mcp", headers={"Authorization": "Bearer s3cret"})
+    server = McpServerConfig(url="http://x/mcp", headers={"Authorization": "Bearer s3cret"})
     assert "s3cret" not in repr(server)
     assert server.redact("got Bearer s3cret back") == "got *** back"
-    with pytest.raises(ValueError, match="exactly one of url or command"):
-        McpServer(name="g", url="http://x/mcp", command="srv")
-    with pytest.raises(ValueError, match="name"):
-        McpServer(name="bad name", command="srv")
+    with pytest.raises(ValueError, match="give either url or command, not both"):
+        McpServerConfig(url="http://x/mcp", command="srv")
+
+
+@pytest.mark.parametrize("name", ["bad name", "", "s" * 57])
+def test_a_source_refuses_a_bad_server_name_in_one_line(name):
+    # The rule the file's reader applies (tools.mcp.config.server_name); never a bare
+    # ValueError and a traceback.
+    with pytest.raises(McpLoadError) as caught:
+        McpSource(name, McpServerConfig(command="srv"))
+    assert str(caught.value).startswith(f"tools.mcp.{name}: a server name is 1-56 letters")
+
+
+def test_a_server_name_of_56_leaves_a_tool_a_one_character_name():
+    assert McpSource("s" * 56, McpServerConfig(command="srv")).name == "mcp:" + "s" * 56
+    assert len(f"mcp__{'s' * 56}__t") == 64

@@ -45,7 +45,7 @@ from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_T
 from pydantic import ValidationError
 
 from tools.errors import OutcomeUnknown, ToolError
-from tools.mcp.config import McpServer
+from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig
 from tools.mcp.errors import McpUnavailable
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,12 @@ class _Worker:
 class McpConnection:
     """Requests to one MCP server over one session, reconnecting after a failure."""
 
-    def __init__(self, server: McpServer) -> None:
+    def __init__(
+        self, name: str, server: McpServerConfig, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    ) -> None:
+        self.name = name
         self.server = server
+        self.connect_timeout_s = connect_timeout_s
         self._current: _Worker | None = None
         self._workers: set[_Worker] = set()
         self._lock = asyncio.Lock()
@@ -129,7 +133,7 @@ class McpConnection:
     async def _connected(self) -> _Worker:
         async with self._lock:
             if self._closed:
-                raise McpUnavailable(f"MCP server {self.server.name!r} is closed")
+                raise McpUnavailable(f"MCP server {self.name!r} is closed")
             worker = self._current
             if worker is None or worker.broken:
                 worker = await self._start()
@@ -138,20 +142,19 @@ class McpConnection:
     async def _start(self) -> _Worker:
         loop = asyncio.get_running_loop()
         worker = _Worker(queue=asyncio.Queue(), ready=loop.create_future())
-        worker.task = asyncio.create_task(self._run(worker), name=f"mcp:{self.server.name}")
+        worker.task = asyncio.create_task(self._run(worker), name=f"mcp:{self.name}")
         self._workers.add(worker)
         worker.task.add_done_callback(lambda _: self._workers.discard(worker))
         self._current = worker
         try:
-            async with asyncio.timeout(self.server.connect_timeout_s):
+            async with asyncio.timeout(self.connect_timeout_s):
                 await asyncio.shield(worker.ready)
         except TimeoutError:
             worker.broken = True
             worker.task.cancel()
             await self._join(worker)
             raise McpUnavailable(
-                f"MCP server {self.server.name!r} did not answer within "
-                f"{self.server.connect_timeout_s:g}s"
+                f"MCP server {self.name!r} did not answer within {self.connect_timeout_s:g}s"
             ) from None
         return worker
 
@@ -185,7 +188,7 @@ class McpConnection:
             worker.broken = True
             reason = self._describe(error) if error is not None else "the session was closed"
             if error is not None:
-                log.warning("mcp session ended server=%s reason=%s", self.server.name, reason)
+                log.warning("mcp session ended server=%s reason=%s", self.name, reason)
             if not worker.ready.done():
                 worker.ready.set_exception(McpUnavailable(reason))
             pending = list(worker.inflight)
@@ -200,13 +203,13 @@ class McpConnection:
         server = self.server
         if server.url is not None:
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=dict(server.headers), timeout=_HTTP_TIMEOUT)
+                httpx2.AsyncClient(headers=server.plain_headers(), timeout=_HTTP_TIMEOUT)
             )
             transport: Any = streamable_http_client(server.url, http_client=http)
         else:
             assert server.command is not None
             params = StdioServerParameters(
-                command=server.command, args=list(server.args), env=dict(server.env) or None
+                command=server.command, args=list(server.args), env=server.plain_env() or None
             )
             transport = stdio_client(params, errlog=_errlog())
 
@@ -238,7 +241,7 @@ class McpConnection:
         detail = _parse_failure(exc)
         log.warning(
             "mcp message unreadable server=%s reason=%s failed_requests=%d",
-            self.server.name,
+            self.name,
             detail,
             len(waiting),
         )
@@ -249,7 +252,7 @@ class McpConnection:
                 req.scope.cancel()  # it waits for an answer that has come and gone
 
     def _unreadable_error(self, detail: str) -> ToolError:
-        text = f"MCP server {self.server.name!r} sent a message that could not be read ({detail})"
+        text = f"MCP server {self.name!r} sent a message that could not be read ({detail})"
         return ToolError(self.server.redact(text))
 
     async def _serve(self, worker: _Worker, client: Client, req: _Request) -> None:
@@ -265,7 +268,7 @@ class McpConnection:
         except Exception as exc:
             mapped = self._map(exc)
             if isinstance(mapped, McpUnavailable):
-                log.warning("mcp connection lost server=%s reason=%s", self.server.name, mapped)
+                log.warning("mcp connection lost server=%s reason=%s", self.name, mapped)
                 worker.stop()
                 mapped = self._lost(req, mapped, exc)
             if not req.future.done():
@@ -276,7 +279,7 @@ class McpConnection:
                 # Cancelled by the session ending under it: mark the worker broken now,
                 # before the caller can hand the same dying session its next request.
                 worker.broken = True
-                lost = McpUnavailable(f"MCP server {self.server.name!r}: the connection was lost")
+                lost = McpUnavailable(f"MCP server {self.name!r}: the connection was lost")
                 req.future.set_exception(self._lost(req, lost, None))
 
     def _lost(
@@ -286,7 +289,7 @@ class McpConnection:
         it is a tool call that already went out, whose outcome nobody can know now."""
         if req.call is None or not req.sent:
             return unavailable
-        name = self.server.name
+        name = self.name
         detail = str(unavailable).removeprefix(f"MCP server {name!r}: ")
         seen = (
             "did not answer the call in time" if _timed_out(cause) else "went away during the call"
@@ -297,7 +300,7 @@ class McpConnection:
         )
 
     def _map(self, exc: Exception) -> ToolError:
-        name = self.server.name
+        name = self.name
         if isinstance(exc, ToolError):
             return exc
         if isinstance(exc, MCPError):
@@ -319,7 +322,7 @@ class McpConnection:
         leaf = _leaf(exc)
         detail = " ".join(str(leaf).split())
         text = type(leaf).__name__ + (f": {detail}" if detail else "")
-        return f"MCP server {self.server.name!r}: {self.server.redact(text)}"
+        return f"MCP server {self.name!r}: {self.server.redact(text)}"
 
 
 def _timed_out(cause: BaseException | None) -> bool:

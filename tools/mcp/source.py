@@ -20,7 +20,7 @@ from mcp import Client
 
 from tools._checks import NAME_RE
 from tools.errors import ToolDefinitionError, ToolError
-from tools.mcp.config import McpServer
+from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, server_name
 from tools.mcp.connection import McpConnection
 from tools.mcp.errors import DefinitionChanged, McpLoadError, McpUnavailable
 from tools.mcp.results import tool_output
@@ -48,19 +48,34 @@ class _Definition:
 class McpSource:
     """One MCP server's (allowlisted) tools; one session per process, reconnecting."""
 
-    def __init__(self, server: McpServer, *, call_timeout_s: float | None = None) -> None:
-        """``call_timeout_s``: how long a call waits for its answer (None: no limit of its
-        own); past it the outcome is unknown, so keep it below the engine's tool timeout."""
+    def __init__(
+        self,
+        name: str,
+        server: McpServerConfig,
+        *,
+        call_timeout_s: float | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        """``name``: the server's key under ``tools.mcp``. ``call_timeout_s``: how long a
+        call waits for its answer (None: no limit of its own); past it the outcome is
+        unknown, so keep it below the engine's tool timeout. ``connect_timeout_s``: how
+        long connecting may take."""
+        try:
+            self.server_name = server_name(name)
+        except ValueError as exc:
+            raise McpLoadError(str(name), f"tools.mcp.{name}: {exc}") from None
         self.server = server
         self.call_timeout_s = call_timeout_s
-        self.name = f"mcp:{server.name}"
-        self._conn = McpConnection(server)
+        self.connect_timeout_s = connect_timeout_s
+        self.name = f"mcp:{name}"
+        self.key = f"tools.mcp.{name}"
+        self._conn = McpConnection(name, server, connect_timeout_s=connect_timeout_s)
         self._loaded: dict[str, _Definition] = {}  # by the server's tool name
 
     async def open(self) -> list[Tool]:
         """Connect, list every page, build the Tools; one-line McpLoadError otherwise."""
         try:
-            async with asyncio.timeout(self.server.connect_timeout_s * 2):
+            async with asyncio.timeout(self.connect_timeout_s * 2):
                 listed = await self._list()
             tools = self._build(listed)
         except BaseException as exc:
@@ -130,7 +145,7 @@ class McpSource:
         current = next((t for t in await self._list(until=remote) if t.name == remote), None)
         if current is None:
             raise DefinitionChanged(
-                f"{loaded.name} is no longer offered by MCP server {self.server.name!r} "
+                f"{loaded.name} is no longer offered by MCP server {self.server_name!r} "
                 "since the call was approved; it was not run"
             )
         now = self._definition(current)
@@ -172,8 +187,8 @@ class McpSource:
         )
         return _Definition(
             remote=remote.name,
-            name=f"mcp__{self.server.name}__{remote.name}",
-            description=description or f"Tool {remote.name} of the MCP server {self.server.name}.",
+            name=f"mcp__{self.server_name}__{remote.name}",
+            description=description or f"Tool {remote.name} of the MCP server {self.server_name}.",
             schema=object_schema(remote.input_schema),
             annotations={k: v for k, v in hints.items() if k.endswith("Hint")},
         )
@@ -183,12 +198,12 @@ class McpSource:
 
     def _load_error(self, text: str) -> McpLoadError:
         return McpLoadError(
-            self.server.name, self.server.redact(f"MCP server {self.server.name!r} {text}")
+            self.server_name, self.server.redact(f"MCP server {self.server_name!r} {text}")
         )
 
     def _detail(self, exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
-        return text.removeprefix(f"MCP server {self.server.name!r}: ")
+        return text.removeprefix(f"MCP server {self.server_name!r}: ")
 
 
 async def current_definitions(source: McpSource) -> dict[str, str]:
