@@ -18,6 +18,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bot ./bot
 COPY engine ./engine
+COPY localslack ./localslack
 COPY tools ./tools
 RUN pip install --no-cache-dir . \
     && rm -rf /src

@@ -22,7 +22,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy bot engine tools
+	$(VENV)/bin/mypy bot engine localslack tools
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

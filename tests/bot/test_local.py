@@ -17,14 +17,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.blocks import APPROVE_ACTION, REASON_ACTION, REASON_BLOCK, REJECT_ACTION, REJECT_CALLBACK
-from bot.local.identity import LOCAL
-from bot.local.server import Local, start_local
+from bot.local_mode import Local, start_local
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.modals import REASON_ACTION, REASON_BLOCK, REJECT_CALLBACK
 from bot.runtime import bind
 from engine.config import load_settings
 from engine.models.scripted import ScriptedModel, Step, call, say
 from engine.replay import replay
 from engine.trace import trace_record
+from localslack.identity import LOCAL
 from tools import REGISTRY
 
 ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"

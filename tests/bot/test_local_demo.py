@@ -13,18 +13,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.blocks import (
-    APPROVE_ACTION,
-    HAPPENED_ACTION,
-    NOTE_ACTION,
-    NOTE_BLOCK,
-    RETRY_ACTION,
-)
-from bot.local.demo import DEMO_CONFIG, catalog_path, demo_config
-from bot.local.server import Local, start_local
+from bot.local_mode import Local, start_local
+from bot.render.approval import APPROVE_ACTION
+from bot.render.modals import NOTE_ACTION, NOTE_BLOCK
+from bot.render.reconcile import HAPPENED_ACTION, RETRY_ACTION
 from bot.runtime import bind
 from engine.config import load_settings
 from engine.models.phrasebook import PhrasebookModel, help_text
+from localslack.demo import DEMO_CONFIG, catalog_path, demo_config
 from tests.bot.test_local import ALICE, BOB, CAROL, Page, card_of, events_of, stop, stream, texts
 
 Start = Callable[[], Awaitable[Page]]
@@ -71,7 +67,7 @@ def saying(text: str) -> Callable[[dict[str, Any]], bool]:
 
 def test_the_bundled_file_is_valid_and_names_the_demo(tmp_path: Path) -> None:
     config = demo_config("http://127.0.0.1:3999/", tmp_path / "opsloop.local.json")
-    assert DEMO_CONFIG.name == "opsloop.yaml" and DEMO_CONFIG.parent.name == "local"
+    assert DEMO_CONFIG.name == "opsloop.yaml" and DEMO_CONFIG.parent.name == "localslack"
     catalog = config.tools.mcp["catalog"]
     assert catalog.args[-1] == str(tmp_path / "opsloop.local.catalog.json")
     assert catalog.args[:2] == ["-m", "tools.demo_mcp"]

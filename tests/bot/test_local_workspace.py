@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
-from bot import blocks as b
-from bot.local import slack_requests as sr
-from bot.local.app_link import events_for
-from bot.local.identity import LOCAL, PEOPLE
-from bot.local.page_input import BadRequest, find_element, person_text, view_state
-from bot.local.server import allowed_hosts, local_workspace, page_url
-from bot.local.state_file import StateFile, StateFileError, state_path, write_atomically
-from bot.local.workspace import Change, TriggerError, Workspace, ts_key
 from bot.payloads import mention_text, message_kind
+from bot.render.approval import APPROVAL_BLOCK_PREFIX, APPROVE_ACTION, REJECT_ACTION, approval_card
+from bot.render.modals import REASON_ACTION, REASON_BLOCK, REASON_MAX_LENGTH, reject_modal
+from localslack import slack_requests as sr
+from localslack.app_link import events_for
+from localslack.identity import LOCAL, PEOPLE
+from localslack.page_input import BadRequest, find_element, person_text, view_state
+from localslack.server import allowed_hosts, local_workspace, page_url
+from localslack.state_file import StateFile, StateFileError, state_path, write_atomically
+from localslack.workspace import Change, TriggerError, Workspace, ts_key
 
-STATIC = Path(__file__).resolve().parents[2] / "bot" / "local" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "localslack" / "static"
 OPS = "C0OPS"
 
 
@@ -74,7 +75,7 @@ def test_a_trigger_opens_one_modal_for_its_user_within_three_seconds(monkeypatch
         ws.exchange_trigger("123.456.made-up")
     late = ws.issue_trigger("U0BOB")
     now = __import__("time").monotonic()
-    monkeypatch.setattr("bot.local.workspace.time.monotonic", lambda: now + 3.5)
+    monkeypatch.setattr("localslack.workspace.time.monotonic", lambda: now + 3.5)
     with pytest.raises(TriggerError, match="expired_trigger_id"):
         ws.exchange_trigger(late)
 
@@ -175,33 +176,35 @@ def test_the_mention_is_what_the_bot_strips() -> None:
 
 
 def test_a_click_finds_buttons_in_actions_and_accessories() -> None:
-    card = b.approval_card(
+    card = approval_card(
         thread_id="thr_1",
         requester="U0ALICE",
-        call=type("C", (), {"tool_call_id": "t1", "intent": "deploy", "arguments": {}})(),
+        call=type(
+            "C", (), {"tool_call_id": "t1", "intent": "deploy", "arguments": {}, "reviewers": None}
+        )(),
         reason="why",
         expires_at=__import__("datetime").datetime(2030, 1, 1),
         arguments_hash="h",
     )
-    block_id, approve = find_element(card, b.APPROVE_ACTION)
-    assert block_id.startswith(b.APPROVAL_BLOCK_PREFIX) and approve["style"] == "primary"
-    assert find_element(card, b.REJECT_ACTION, block_id)[1]["style"] == "danger"
-    assert find_element(card, b.REJECT_ACTION, "other-block") is None
+    block_id, approve = find_element(card, APPROVE_ACTION)
+    assert block_id.startswith(APPROVAL_BLOCK_PREFIX) and approve["style"] == "primary"
+    assert find_element(card, REJECT_ACTION, block_id)[1]["style"] == "danger"
+    assert find_element(card, REJECT_ACTION, "other-block") is None
     status = [{"type": "section", "text": {"type": "mrkdwn", "text": "x"}, "accessory": approve}]
-    assert find_element(status, b.APPROVE_ACTION) == ("b0", approve)
+    assert find_element(status, APPROVE_ACTION) == ("b0", approve)
 
 
 def test_a_modals_inputs_are_checked_like_slacks_client_does() -> None:
-    modal = b.reject_modal(thread_id="t", tool_call_id="c", arguments_hash="h", tool_name="x")
-    values, errors = view_state(modal, {b.REASON_BLOCK: {b.REASON_ACTION: "too risky"}})
+    modal = reject_modal(thread_id="t", tool_call_id="c", arguments_hash="h", tool_name="x")
+    values, errors = view_state(modal, {REASON_BLOCK: {REASON_ACTION: "too risky"}})
     assert errors == {}
-    assert values == sr.text_input_values(b.REASON_BLOCK, b.REASON_ACTION, "too risky")
+    assert values == sr.text_input_values(REASON_BLOCK, REASON_ACTION, "too risky")
     values, errors = view_state(modal, {})
-    assert values[b.REASON_BLOCK][b.REASON_ACTION]["value"] is None and errors == {}  # optional
+    assert values[REASON_BLOCK][REASON_ACTION]["value"] is None and errors == {}  # optional
     required = {**modal, "blocks": [{**modal["blocks"][1], "optional": False}]}
-    assert view_state(required, {})[1] == {b.REASON_BLOCK: "Please complete this required field."}
-    too_long = {b.REASON_BLOCK: {b.REASON_ACTION: "x" * (b.REASON_MAX_LENGTH + 1)}}
-    assert "at most" in view_state(modal, too_long)[1][b.REASON_BLOCK]
+    assert view_state(required, {})[1] == {REASON_BLOCK: "Please complete this required field."}
+    too_long = {REASON_BLOCK: {REASON_ACTION: "x" * (REASON_MAX_LENGTH + 1)}}
+    assert "at most" in view_state(modal, too_long)[1][REASON_BLOCK]
     with pytest.raises(BadRequest, match="no input 'nope'"):
         view_state(modal, {"nope": {"x": "y"}})
 

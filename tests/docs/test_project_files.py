@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Named in the code but not settings: the crash tests' fault injection, and the values
-# local mode fills into its own opsloop.yaml (bot/local/demo.py), which nobody sets.
+# local mode fills into its own opsloop.yaml (localslack/demo.py), which nobody sets.
 NOT_SETTINGS = {
     "OPSLOOP_FAULTS",
     "OPSLOOP_LOCAL_PYTHON",
@@ -20,7 +20,7 @@ _NAME = re.compile(r'"((?:OPSLOOP|SLACK|ANTHROPIC)_[A-Z_]+|DATABASE_URL|PORT)"')
 
 def _read_by_code() -> set[str]:
     names: set[str] = set()
-    for package in ("bot", "engine", "tools"):
+    for package in ("bot", "engine", "localslack", "tools"):
         for path in (ROOT / package).rglob("*.py"):
             names.update(_NAME.findall(path.read_text(encoding="utf-8")))
     return names - NOT_SETTINGS
@@ -80,5 +80,5 @@ def test_the_editable_install_is_a_plain_path_entry_without_a_warning() -> None:
     setuptools = config["tool"]["setuptools"]
     assert setuptools["package-dir"] == {"": "."}
     assert setuptools["packages"]["find"]["namespaces"] is False
-    for package in ("bot", "engine", "tools"):
+    for package in ("bot", "engine", "localslack", "tools"):
         assert (ROOT / package / "__init__.py").is_file()

@@ -1,8 +1,8 @@
 """A fake Slack: the Web API as an aiohttp server, and requests signed as Slack signs them.
 
-The Slack semantics are ``opsloop local``'s (:mod:`bot.local.web_api` over a
-:class:`~bot.local.workspace.Workspace`, and the builders of
-:mod:`bot.local.slack_requests`); this module adds what tests need on top: an ephemeral
+The Slack semantics are ``opsloop local``'s (:mod:`localslack.web_api` over a
+:class:`~localslack.workspace.Workspace`, and the builders of
+:mod:`localslack.slack_requests`); this module adds what tests need on top: an ephemeral
 127.0.0.1 port, a record of every call (``calls``, ``wait_for``), and injected rate
 limits, failures and held answers.
 
@@ -32,10 +32,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.local import slack_requests as sr
-from bot.local.identity import Identity, user_record
-from bot.local.web_api import ApiError, Call, WebApi, json_answer
-from bot.local.workspace import Workspace
+from localslack import slack_requests as sr
+from localslack.identity import Identity, user_record
+from localslack.web_api import ApiError, Call, WebApi, json_answer
+from localslack.workspace import Workspace
 from tests.support.servers import serve
 
 __all__ = ["ApiError", "Call", "FakeSlack"]

@@ -1,6 +1,6 @@
 """What ``opsloop local`` brings of its own: its opsloop.yaml and the platform API it calls.
 
-:func:`demo_config` reads ``bot/local/opsloop.yaml`` (the service catalog MCP server,
+:func:`demo_config` reads ``localslack/opsloop.yaml`` (the service catalog MCP server,
 the ``restart_service`` HTTP action, the rules) with the values only local mode knows:
 this interpreter, the catalog's file beside the workspace's, and the page's URL. Local
 mode uses it unless ``OPSLOOP_CONFIG`` or ``./opsloop.yaml`` names another file.

@@ -25,8 +25,8 @@ from typing import Any
 
 import aiohttp
 
-from bot.local import slack_requests as sr
-from bot.local.workspace import Change, Workspace
+from localslack import slack_requests as sr
+from localslack.workspace import Change, Workspace
 
 log = logging.getLogger("opsloop.local.app")
 

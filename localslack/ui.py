@@ -1,6 +1,6 @@
 """The page's JSON API: read the workspace, act in it as one of its people, read a trace.
 
-Everything a person does becomes what Slack would send the app (:mod:`bot.local.app_link`):
+Everything a person does becomes what Slack would send the app (:mod:`localslack.app_link`):
 a message is stored, then its events are delivered; a click is a signed
 ``block_actions``; a modal's submit a ``view_submission`` whose answer the page shows
 (``response_action: errors`` keeps the modal open with them).
@@ -16,7 +16,7 @@ a message is stored, then its events are delivered; a click is a signed
     POST /ui/views/{id}/submit {user, values: {block_id: {action_id: text}}}
     POST /ui/views/{id}/close  {user}
     GET  /ui/home?user=U | POST /ui/home {user}   the App Home tab (POST opens it)
-    GET  /ui/events?user=U                   server-sent events (:mod:`bot.local.live`)
+    GET  /ui/events?user=U                   server-sent events (:mod:`localslack.live`)
     GET  /ui/trace?channel=C&ts=TS           the thread's log: ``events`` as ``opsloop trace
                                              --json`` has them, a ``summaries`` line each
     GET  /ui/replay?channel=C&ts=TS&seq=N    a decision's request, as ``opsloop replay --json``
@@ -37,11 +37,14 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from bot.local import slack_requests as sr
-from bot.local.app_link import AppLink
-from bot.local.identity import Person
-from bot.local.live import Live
-from bot.local.page_input import (
+from engine.errors import StoreUnavailable, ThreadNotFound
+from engine.store import Store, ThreadKey
+from engine.trace import summarize, thread_record, trace_record, usage_totals
+from localslack import slack_requests as sr
+from localslack.app_link import AppLink
+from localslack.identity import Person
+from localslack.live import Live
+from localslack.page_input import (
     BadRequest,
     Click,
     PostMessage,
@@ -53,10 +56,7 @@ from bot.local.page_input import (
     person_text,
     view_state,
 )
-from bot.local.workspace import Change, Workspace
-from engine.errors import StoreUnavailable, ThreadNotFound
-from engine.store import Store, ThreadKey
-from engine.trace import summarize, thread_record, trace_record, usage_totals
+from localslack.workspace import Change, Workspace
 
 log = logging.getLogger("opsloop.local.ui")
 

@@ -6,7 +6,7 @@ Events API envelopes (https://docs.slack.dev/apis/events-api), interaction paylo
 encodes a payload the way Slack posts it and signs it (v0: HMAC-SHA256 of
 ``v0:timestamp:body``, https://docs.slack.dev/authentication/verifying-requests-from-slack).
 
-Every builder takes the workspace's :class:`~bot.local.identity.Identity`: ``opsloop
+Every builder takes the workspace's :class:`~localslack.identity.Identity`: ``opsloop
 local`` sends these to the Bolt app, and the tests' fake Slack builds them with its own.
 
 Pure (but for ids and clocks): no I/O here.
@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-from bot.local.identity import Identity, bot_profile
+from localslack.identity import Identity, bot_profile
 
 DEFAULT_CHALLENGE = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
 

@@ -22,9 +22,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from bot.local.workspace import Workspace
 from engine.db import parse_database_url
 from engine.errors import ConfigError
+from localslack.workspace import Workspace
 
 log = logging.getLogger("opsloop.local.state")
 

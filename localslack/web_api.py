@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from bot.local.identity import bot_profile
-from bot.local.workspace import TriggerError, Workspace
+from localslack.identity import bot_profile
+from localslack.workspace import TriggerError, Workspace
 
 BOT_SCOPES = (
     "app_mentions:read,channels:history,chat:write,commands,groups:history,"

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bot.local.identity import Person
-from bot.local.workspace import Workspace
+from localslack.identity import Person
+from localslack.workspace import Workspace
 
 _NAME = re.compile(r"(?<![\w@<&])@([A-Za-z][A-Za-z0-9._-]*)")
 _CHANNEL = re.compile(r"(?<![\w#<&])#([a-z0-9][a-z0-9_-]*)")

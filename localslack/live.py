@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.local.workspace import Workspace
+from localslack.workspace import Workspace
 
 log = logging.getLogger("opsloop.local.live")
 

@@ -1,6 +1,6 @@
 """One Slack workspace's state: its people, channels and messages, open modals, Home tabs.
 
-The Web API (:mod:`bot.local.web_api`) reads and changes it as Slack would; ``opsloop
+The Web API (:mod:`localslack.web_api`) reads and changes it as Slack would; ``opsloop
 local``'s page reads it and hears of every change (:class:`Change`, passed to each
 listener synchronously, in order). What must survive a restart (messages, Home tabs,
 events not yet delivered) is in :meth:`Workspace.snapshot`; ephemeral messages and
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bot.local.identity import Channel, Identity, bot_record, user_record
+from localslack.identity import Channel, Identity, bot_record, user_record
 
 log = logging.getLogger("opsloop.local.workspace")
 

@@ -1,9 +1,10 @@
-"""``opsloop local``: the whole bot on one machine, with a Slack workspace in the browser.
+"""A local Slack workspace, in the browser: what ``opsloop local`` runs the bot against.
 
-The unchanged Bolt app talks to a local Slack: the Web API it calls (``SLACK_API_URL``)
-is served here with Slack's answers, and what people do in the page becomes the signed
-requests Slack would send to ``POST /slack/events``. So local mode runs the production
-code paths, only Slack is replaced.
+The unchanged Bolt app talks to this Slack as to the real one, and only over the wire:
+the Web API it calls (``SLACK_API_URL``) is served here with Slack's answers, and what
+people do in the page becomes the signed requests Slack would send to its request URL
+(``POST /slack/events``). Nothing here imports ``bot``: ``bot/local_mode.py`` puts the
+two on one port, so local mode runs the production code paths, only Slack is replaced.
 
     identity        who the workspace, the app and the people are
     slack_requests  what Slack sends to an app: envelopes, payloads, signatures (pure)
@@ -14,7 +15,8 @@ code paths, only Slack is replaced.
     page_input      what people type and click, checked as Slack's client does (pure)
     live            live updates for the page (server-sent events)
     ui              the page's JSON API
-    server          the assembly: one process, one port, ``opsloop local``
+    demo            local mode's own opsloop.yaml and the platform API its action calls
+    server          the assembly: the workspace, its credentials, its routes, its link
     static/         the page: vanilla HTML, CSS and JavaScript, no build step
 
 The test suite's fake Slack (``tests/fakes/slack.py``) is the same Web API and the same
