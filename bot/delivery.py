@@ -10,9 +10,11 @@ recorded as a ``message_posted`` receipt. The pure
 in log order, one thread at a time.
 
 One writer per lease: while the runner holds a thread, it calls :meth:`Delivery.show`
-(the engine's ``FrontDoor``), which posts and hands the receipts back for the runner to
-append with its next batch. :meth:`Delivery.deliver` shows a thread at rest, under a
-lease of its own, and appends the receipts itself.
+(the engine's ``FrontDoor``) with the log and state it holds; the pass posts and hands
+the receipts back for the runner to append with its next batch. :meth:`Delivery.deliver`
+shows a thread at rest, under a lease of its own, and appends the receipts itself. The
+two differ only in where receipts go (``_ToRunner``, ``_ToLog``); the Slack side of a
+pass is one ``_SlackThread``.
 
 chat.postMessage has no idempotency key, so every post carries metadata naming its
 event; where an earlier post may have landed without its receipt (first post for the
@@ -36,7 +38,6 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks as bk
 from bot.outbox import (
     Outbound,
     metadata,
@@ -45,6 +46,7 @@ from bot.outbox import (
     shown_event,
     shown_upto,
 )
+from bot.render.notification import fallback_text
 from bot.slack_metrics import instrument
 from engine import events as ev
 from engine import faults
@@ -111,6 +113,8 @@ class Delivery:
         self.clock = clock
         # In-process facts; they only save Slack calls. After a restart all are unknown.
         self._looked: dict[str, None] = {}  # threads looked up in Slack, oldest first
+        # Where each thread is in Slack (its key never changes): read once per process.
+        self._where: dict[str, tuple[str, str]] = {}  # thread id -> (channel, root ts)
         self._unsure: set[str] = set()  # a post's outcome is unknown: look before posting
         # Events whose receipts were handed to the runner, per thread: until the log has
         # them (the runner may die first), a post may be in Slack without its receipt.
@@ -151,11 +155,12 @@ class Delivery:
                 self._retry_later(thread_id, max(0.5, until.total_seconds() + 0.5))
                 return 0
             async with lease:
-                run = _Pass(self, info, lease)
+                sink = _ToLog(self.store, events, lease)
+                run = _Pass(self, await self._slack_thread(thread_id, info), sink)
                 try:
                     # The log only grows: what others appended before we held the lease.
-                    events += await self.store.select_events(thread_id, after=len(events))
-                    made = await run.run(events)
+                    await sink.catch_up()
+                    made = await run.run()
                 except _Stop as stop:
                     self._retry_later(thread_id, stop.retry_in)
                     return run.made
@@ -165,23 +170,31 @@ class Delivery:
             self._failures.pop(thread_id, None)
             return made
 
-    async def show(self, thread_id: str) -> list[ev.MessagePosted]:
+    async def show(
+        self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+    ) -> list[ev.MessagePosted]:
         """Show what ``thread_id`` has to show under the lease its runner holds, and
         return the receipts for the runner to append (the engine's ``FrontDoor``).
 
+        ``events`` and ``state``: the log and its state as the runner holds them, shown
+        without reading them again. Only a log that is not whole (a compacted thread's
+        tail) is read here.
         A Slack error stops the pass where it happened (logged): what was shown until
         then is returned, and the pass at rest, after the run, does the rest.
         """
         async with self._exclusive(thread_id):
-            events = await self.store.select_events(thread_id)
-            if not self._pending(events):
+            log = list(events)
+            if not log or log[0].seq != 1 or log[-1].seq != state.last_seq:
+                log = await self.store.select_events(thread_id)
+            if not self._pending(log):
                 return []
-            run = _Pass(self, await self.store.get_thread(thread_id), None)
+            sink = _ToRunner(self, thread_id, log)
+            run = _Pass(self, await self._slack_thread(thread_id), sink)
             try:
-                await run.run(events)
+                await run.run()
             except _Stop:
                 pass
-            return run.handed
+            return sink.handed
 
     async def deliver_recent(self, since: datetime) -> None:
         """Deliver every thread updated since ``since``: at startup, finish what a crash
@@ -206,8 +219,20 @@ class Delivery:
 
     # --- internals ------------------------------------------------------------------
 
-    def _pending(self, events: list[ev.AnyEvent]) -> list[Outbound]:
+    def _pending(self, events: Sequence[ev.AnyEvent]) -> list[Outbound]:
         return pending_deliveries(events, approvers=self.approvers)
+
+    async def _slack_thread(self, thread_id: str, info: ThreadInfo | None = None) -> _SlackThread:
+        """The thread in Slack. Its place never changes: read from its row once per
+        process, unless ``info`` (just read) has it."""
+        where = self._where.pop(thread_id, None)
+        if where is None:
+            info = info or await self.store.get_thread(thread_id)
+            where = (info.channel, info.root_ts)
+        self._where[thread_id] = where  # the least recently used is forgotten first
+        if len(self._where) > _REMEMBERED:
+            del self._where[next(iter(self._where))]
+        return _SlackThread(self, thread_id, *where)
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, thread_id: str) -> AsyncIterator[None]:
@@ -295,31 +320,162 @@ def _retry_after(headers: Any) -> float:
     return 1.0
 
 
-class _Pass:
-    """One pass over one thread: show what is pending, in log order.
+Posted = tuple[str, str]  # a message's ts and channel
 
-    Under its own ``lease`` (a thread at rest), it appends the receipts; with None (the
-    runner holds the thread), it collects them in ``handed`` for the runner instead.
-    """
 
-    def __init__(self, delivery: Delivery, info: ThreadInfo, lease: Lease | None) -> None:
-        self.d = delivery
-        self.info = info
-        self.thread_id = info.id
-        self.lease = lease
-        self.events: list[ev.AnyEvent] = []
-        self.state = ThreadState()
-        self.made = 0
+class _SlackThread:
+    """One agent thread's thread in Slack: looks back through it, posts into it and
+    updates its messages, through the delivery's clients (``_call``: 429s waited out,
+    any other failure a ``_Stop``)."""
+
+    def __init__(self, d: Delivery, thread_id: str, channel: str, root_ts: str) -> None:
+        self.d = d
+        self.thread_id = thread_id
+        self.channel = channel
+        self.root_ts = root_ts
+
+    async def look_back(self, wanted: list[str]) -> dict[str, dict[str, Any]]:
+        """The first message in the thread showing each event of ``wanted``, by its id."""
+        found: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        while True:
+            page = await self.d._call(
+                "conversations.replies",
+                self.d.client.conversations_replies,
+                f"thread_id={self.thread_id}",
+                channel=self.channel,
+                ts=self.root_ts,
+                include_all_metadata=True,
+                limit=200,
+                cursor=cursor,
+            )
+            for message in page.get("messages") or []:
+                event_id = shown_event(message, self.thread_id)
+                if event_id in wanted and isinstance(message.get("ts"), str):
+                    found.setdefault(event_id, message)
+            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor or not page.get("has_more", True):
+                return found
+
+    async def post(self, message: dict[str, Any], shows: dict[str, Any], where: str) -> Posted:
+        """Post ``message`` in the thread; its ts and channel. A post whose outcome is
+        unknown marks the thread: the next pass looks back before posting."""
+        try:
+            answer = await self.d._call(
+                "chat.postMessage",
+                self.d._post_client.chat_postMessage,
+                where,
+                channel=self.channel,
+                thread_ts=self.root_ts,
+                metadata=shows,
+                **message,
+            )
+        except BaseException as exc:
+            if not _surely_not_done(exc):
+                self.d._unsure.add(self.thread_id)  # it may have been posted
+            raise
+        faults.hit("slack_posted")  # crash tests: Slack has it, our log does not yet
+        return answer["ts"], answer.get("channel") or self.channel
+
+    async def update(
+        self, ts: str, message: dict[str, Any], shows: dict[str, Any], where: str
+    ) -> Posted:
+        """Update the message at ``ts`` in place."""
+        await self.d._call(
+            "chat.update",
+            self.d.client.chat_update,
+            where,
+            channel=self.channel,
+            ts=ts,
+            metadata=shows,
+            **message,
+        )
+        return ts, self.channel
+
+
+class _ToRunner:
+    """Receipts of a pass under the runner's lease: handed to the runner, which appends
+    them with its next batch. The pass shows the log as the runner had it."""
+
+    def __init__(self, d: Delivery, thread_id: str, events: list[ev.AnyEvent]) -> None:
+        self.d = d
+        self.thread_id = thread_id
+        self.events = events
         self.handed: list[ev.MessagePosted] = []
 
-    async def run(self, events: list[ev.AnyEvent]) -> int:
-        self.events, self.state = list(events), reduce(events)
-        look = self._must_look(self.d._pending(self.events))
+    def check(self) -> None:
+        """The runner stops the turn when its lease is lost; nothing to check here."""
+
+    async def catch_up(self) -> list[ev.AnyEvent]:
+        return []  # the runner's log as it was; its receipts are drafts
+
+    async def record(self, receipts: list[ev.MessagePosted]) -> None:
+        self.handed += receipts
+        self.d._handed.setdefault(self.thread_id, set()).update(r.shows_event_id for r in receipts)
+        self.events.extend(receipts)
+
+
+class _ToLog:
+    """Receipts of a pass under a lease of its own: appended to the log, re-reading past
+    what another writer (a click, a reply) appended meanwhile."""
+
+    def __init__(self, store: Store, events: list[ev.AnyEvent], lease: Lease) -> None:
+        self.store = store
+        self.thread_id = lease.thread_id
+        self.events = events
+        self.state = reduce(events)
+        self.lease = lease
+
+    def check(self) -> None:
+        if self.lease.lost.is_set():
+            raise _Stop("lease lost")
+
+    async def catch_up(self) -> list[ev.AnyEvent]:
+        tail = await self.store.select_events(self.thread_id, after=self.state.last_seq)
+        self.events.extend(tail)
+        self.state = reduce(tail, self.state)
+        return tail
+
+    async def record(self, receipts: list[ev.MessagePosted]) -> None:
+        todo = list(receipts)
+
+        async def reread() -> None:
+            tail = await self.catch_up()
+            have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
+            todo[:] = [r for r in todo if (r.shows_event_id, r.ts) not in have]
+
+        async def once() -> None:
+            if not todo:
+                return
+            done = await self.store.append(
+                self.thread_id, self.state.last_seq, todo, state=self.state
+            )
+            assert done.state is not None
+            self.events.extend(done.events)
+            self.state = done.state
+
+        await retrying(once, reread=reread)
+
+
+class _Pass:
+    """One pass over one thread: show what is pending, in log order, in ``slack``.
+    ``sink`` holds the log as the pass knows it and takes the receipts."""
+
+    def __init__(self, delivery: Delivery, slack: _SlackThread, sink: _ToRunner | _ToLog) -> None:
+        self.d = delivery
+        self.slack = slack
+        self.thread_id = slack.thread_id
+        self.sink = sink
+        self.made = 0
+
+    async def run(self) -> int:
+        events = self.sink.events
+        look = self._must_look(self.d._pending(events))
         self.d._handed.pop(self.thread_id, None)  # looked at: what is still due is in todo
         for _ in range(_MAX_STEPS):
-            todo = self.d._pending(self.events)
+            todo = self.d._pending(events)
             if not todo:
-                if not await self._catch_up():  # nothing appended meanwhile: done
+                if not await self.sink.catch_up():  # nothing appended meanwhile: done
                     break
             elif look and any(item.kind == "post" for item in todo):
                 await self._look_in_slack(todo)
@@ -343,53 +499,26 @@ class _Pass:
         now = self.d.clock()
         return any((now - i.event.created_at).total_seconds() > self.d.lease_ttl for i in todo)
 
-    async def _catch_up(self) -> list[ev.AnyEvent]:
-        if self.lease is None:
-            return []  # the runner's pass shows the log as it was; its receipts are drafts
-        tail = await self.d.store.select_events(self.thread_id, after=self.state.last_seq)
-        self.events.extend(tail)
-        self.state = reduce(tail, self.state)
-        return tail
-
     async def _look_in_slack(self, todo: list[Outbound]) -> None:
         """Record receipts for the posts already in the Slack thread (for the status
         message, also the receipt of the last event whose state it shows)."""
         wanted = [item.event.event_id for item in todo if item.kind == "post"]
-        found: dict[str, dict[str, Any]] = {}
-        cursor: str | None = None
-        while True:
-            page = await self.d._call(
-                "conversations.replies",
-                self.d.client.conversations_replies,
-                f"thread_id={self.thread_id}",
-                channel=self.info.channel,
-                ts=self.info.root_ts,
-                include_all_metadata=True,
-                limit=200,
-                cursor=cursor,
-            )
-            for message in page.get("messages") or []:
-                event_id = shown_event(message, self.thread_id)
-                if event_id in wanted and isinstance(message.get("ts"), str):
-                    found.setdefault(event_id, message)
-            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor or not page.get("has_more", True):
-                break
-        known = {e.event_id for e in self.events}
+        found = await self.slack.look_back(wanted)
+        known = {e.event_id for e in self.sink.events}
         receipts: list[ev.MessagePosted] = []
         for eid in (eid for eid in wanted if eid in found):
             ts = found[eid]["ts"]
             upto = shown_upto(found[eid], self.thread_id)
             for shows in dict.fromkeys([eid, *([upto] if upto in known else [])]):
                 receipts.append(
-                    ev.MessagePosted(shows_event_id=shows, channel=self.info.channel, ts=ts)
+                    ev.MessagePosted(shows_event_id=shows, channel=self.slack.channel, ts=ts)
                 )
         if receipts:
             shown = ",".join(r.shows_event_id for r in receipts)
             log.info(
                 "posts found without receipts thread_id=%s event_ids=%s", self.thread_id, shown
             )
-            await self._record(receipts)
+            await self.sink.record(receipts)
         self.d._note_looked(self.thread_id)
 
     async def _show(self, item: Outbound) -> None:
@@ -397,13 +526,11 @@ class _Pass:
             await self._show_now(item)
 
     async def _show_now(self, item: Outbound) -> None:
-        if self.lease is not None and self.lease.lost.is_set():
-            raise _Stop("lease lost")
+        self.sink.check()
         event_id = item.event.event_id
         where = f"thread_id={self.thread_id} event_id={event_id}"
         blocks = render(item)
-        message = {"text": bk.fallback_text(blocks), "blocks": blocks}
-        channel = self.info.channel
+        message = {"text": fallback_text(blocks), "blocks": blocks}
         status = item.status
         if status is not None:  # the first user_message's, and the state's last event
             shows = metadata(self.thread_id, status.anchor, upto=status.upto)
@@ -413,72 +540,18 @@ class _Pass:
             shows = metadata(self.thread_id, event_id)
         if item.kind == "update":
             assert item.card_ts, "a message is posted before its update"
-            ts = item.card_ts
-            await self.d._call(
-                "chat.update",
-                self.d.client.chat_update,
-                where,
-                channel=channel,
-                ts=ts,
-                metadata=shows,
-                **message,
-            )
+            ts, channel = await self.slack.update(item.card_ts, message, shows, where)
         else:
-            try:
-                answer = await self.d._call(
-                    "chat.postMessage",
-                    self.d._post_client.chat_postMessage,
-                    where,
-                    channel=channel,
-                    thread_ts=self.info.root_ts,
-                    metadata=shows,
-                    **message,
-                )
-            except BaseException as exc:
-                if not _surely_not_done(exc):
-                    self.d._unsure.add(self.thread_id)  # it may have been posted
-                raise
-            ts, channel = answer["ts"], answer.get("channel") or channel
-            faults.hit("slack_posted")  # crash tests: Slack has it, our log does not yet
+            ts, channel = await self.slack.post(message, shows, where)
         self.made += 1
         # A status message shows the state after status.upto: that event's receipt says so.
         ids = dict.fromkeys([event_id, *([status.upto] if status is not None else [])])
         receipts = [ev.MessagePosted(shows_event_id=i, channel=channel, ts=ts) for i in ids]
         try:
-            await self._record(receipts)
+            await self.sink.record(receipts)
         except BaseException:
             self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
             raise
-
-    async def _record(self, receipts: list[ev.MessagePosted]) -> None:
-        """Append receipts (re-reading past what another writer appended meanwhile), or,
-        in the runner's pass, hand them over."""
-        if self.lease is None:
-            self.handed += receipts
-            self.d._handed.setdefault(self.thread_id, set()).update(
-                r.shows_event_id for r in receipts
-            )
-            self.events.extend(receipts)
-            self.state = reduce(receipts, self.state)
-            return
-        todo = list(receipts)
-
-        async def reread() -> None:
-            tail = await self._catch_up()
-            have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
-            todo[:] = [r for r in todo if (r.shows_event_id, r.ts) not in have]
-
-        async def once() -> None:
-            if not todo:
-                return
-            done = await self.d.store.append(
-                self.thread_id, self.state.last_seq, todo, state=self.state
-            )
-            assert done.state is not None
-            self.events.extend(done.events)
-            self.state = done.state
-
-        await retrying(once, reread=reread)
 
 
 def _surely_not_done(exc: BaseException) -> bool:

@@ -1,7 +1,7 @@
 """Slack's limits on Block Kit, and :func:`check_limits`, which lists violations.
 
 The limits come from the block, element and view references
-(https://docs.slack.dev/reference/block-kit/blocks). The renderers of :mod:`bot.blocks`
+(https://docs.slack.dev/reference/block-kit/blocks). The renderers of :mod:`bot.render`
 keep within them; the tests run :func:`check_limits` on every renderer with oversized
 inputs.
 

@@ -28,32 +28,38 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bot import blocks as bk
+from bot.limits import Block
 from bot.mrkdwn import USER_ID
+from bot.render.approval import (
+    NO_NOTES,
+    NO_VOTES,
+    Notes,
+    Outcome,
+    Votes,
+    approval_card,
+    decided_card,
+)
+from bot.render.lines import event_line
+from bot.render.reconcile import reconcile_card, reconciled_card
+from bot.render.status import status_message
 from engine import events as ev
 from engine.policy import arguments_hash
 from engine.state import ThreadState, apply
 
 METADATA_TYPE = "opsloop_event"
 # The events that close an open approval card, and what the card then says.
-OUTCOMES: dict[type[ev.Event], bk.Outcome] = {
+OUTCOMES: dict[type[ev.Event], Outcome] = {
     ev.ApprovalGranted: "approved",
     ev.ApprovalRejected: "rejected",
     ev.ApprovalExpired: "expired",
+    ev.ApprovalWithdrawn: "withdrawn",
     ev.ThreadCancelled: "cancelled",
 }
 Card = ev.ApprovalRequested | ev.ToolOutcomeUnknown  # the event a card's metadata names
-# What posts a card, and what settles a reconcile card: with OUTCOMES, every type people
-# see on a card (``Facts.people == "card"``; a test checks none is left out).
-CARD_POSTS: tuple[type[ev.ApprovalRequested], type[ev.ToolOutcomeUnknown]] = (
-    ev.ApprovalRequested,
-    ev.ToolOutcomeUnknown,
-)
-RECONCILE_OUTCOMES: tuple[type[ev.ReconcileDecided]] = (ev.ReconcileDecided,)
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,9 @@ class Outbound:
     card: Card | None = None
     card_ts: str = ""
     status: StatusView | None = None
-    notes: bk.Notes = bk.NO_NOTES
+    notes: Notes = NO_NOTES
     people: frozenset[str] = frozenset()
-    votes: bk.Votes = bk.NO_VOTES
+    votes: Votes = NO_VOTES
     still_open: bool = False
 
 
@@ -107,7 +113,8 @@ def pending_deliveries(
 
     An event with a receipt is shown. A card update is done when a receipt for the
     closing event carries the card's ts; a cancellation also posts its own line, whose
-    receipt has another ts.
+    receipt has another ts. What each event does is its entry in ``SHOWS``; any other
+    type is a line of its own if people see it as one.
 
     The thread's status message comes first and is updated last: see :func:`_status`.
     Receipts carrying its ts say what it shows, so they do not count for lines and cards.
@@ -119,98 +126,23 @@ def pending_deliveries(
     first = next((e for e in events if isinstance(e, ev.UserMessage)), None)
     # The status message's ts: the first receipt of the first user_message carries it.
     status_ts = next((ts for ts in receipts.get(first.event_id, ()) if ts), "") if first else ""
-    out: list[Outbound] = []
-    requester = first.actor if first is not None else None
-    calls: dict[str, ev.ToolCallRequested] = {}
-    cards: dict[str, tuple[ev.ApprovalRequested, str]] = {}  # open cards: call id -> (card, ts)
-    checks: dict[str, tuple[ev.ToolOutcomeUnknown, str]] = {}  # open reconcile cards, alike
-    noted: dict[str, Outbound] = {}  # open cards' latest undelivered update (a note, a vote)
-    people: frozenset[str] = frozenset()
-    state = ThreadState()
-
-    def still_open(e: ev.AnyEvent, cid: str, shown: list[str]) -> None:
-        """The open card of ``cid`` shows what ``e`` changed: the latest such update
-        stands for the earlier ones (it shows them too)."""
-        card, ts = cards[cid]
-        if (stale := noted.pop(cid, None)) is not None:
-            out.remove(stale)
-        if not ts or ts not in shown:
-            noted[cid] = Outbound(
-                "update",
-                e,
-                requester,
-                calls[cid],
-                card,
-                ts,
-                notes=_notes(state, cid),
-                people=people,
-                votes=_votes(state, cid),
-                still_open=True,
-            )
-            out.append(noted[cid])
-
+    walk = _Walk(first.actor if first is not None else None)
+    status_shows = ThreadState()  # the state the status message shows (see _status)
     for e in events:
-        before, state = state, apply(state, e)
-        if USER_ID.match(e.actor) and e.actor not in people:
-            people = people | {e.actor}
-        shown = [ts for ts in receipts.get(e.event_id, ()) if not (ts and ts == status_ts)]
-        cid = getattr(e, "tool_call_id", None) or ""
-        if isinstance(e, ev.ToolCallRequested):
-            calls[e.tool_call_id] = e
-        elif isinstance(e, CARD_POSTS) and cid in calls:
-            if not shown:
-                out.append(Outbound("post", e, requester, calls[cid], people=people))
-            if isinstance(e, ev.ApprovalRequested):
-                cards[cid] = (e, shown[0] if shown else "")
-            else:
-                checks[cid] = (e, shown[0] if shown else "")
-            continue
-        elif isinstance(e, ev.UserMessage):
-            for open_cid in list(cards):
-                if _notes(state, open_cid).latest:
-                    still_open(e, open_cid, shown)
-        elif isinstance(e, ev.ApprovalGranted) and cid in cards and _awaits_votes(state, cid):
-            still_open(e, cid, shown)  # a vote short of the quorum
-            continue
-        closing: list[tuple[ev.ApprovalRequested, str]] = []
-        settled: list[tuple[ev.ToolOutcomeUnknown, str]] = []
-        if isinstance(e, ev.ThreadCancelled):
-            closing, cards = list(cards.values()), {}
-            settled, checks = list(checks.values()), {}
-        elif type(e) in OUTCOMES and (open_card := cards.pop(cid, None)):
-            closing = [open_card]
-        elif isinstance(e, RECONCILE_OUTCOMES) and (open_check := checks.pop(cid, None)):
-            settled = [open_check]
-        for card, ts in closing:
-            if (stale := noted.pop(card.tool_call_id, None)) is not None:
-                out.remove(stale)  # the decided card shows them too
-            if not ts or ts not in shown:
-                call = calls[card.tool_call_id]
-                notes = _notes(before, card.tool_call_id)
-                # The votes the card had, and the one that met the quorum.
-                voted = state if isinstance(e, ev.ApprovalGranted) else before
-                votes = _votes(voted, call.tool_call_id)
-                out.append(
-                    Outbound(
-                        "update",
-                        e,
-                        requester,
-                        call,
-                        card,
-                        ts,
-                        notes=notes,
-                        people=people,
-                        votes=votes,
-                    )
-                )
-        for check, ts in settled:
-            if not ts or ts not in shown:
-                call = calls[check.tool_call_id]
-                out.append(Outbound("update", e, requester, call, check, ts, people=people))
-        card_ts = {ts for _, ts in closing} | {ts for _, ts in settled}
-        if _has_line(e) and not [ts for ts in shown if ts not in card_ts]:
-            out.append(Outbound("post", e, requester, calls.get(cid), people=people))
-    if first is not None and (status := _status(events, first, status_ts, receipts, approvers)):
+        walk.before, walk.state = walk.state, apply(walk.state, e)
+        if USER_ID.match(e.actor) and e.actor not in walk.people:
+            walk.people = walk.people | {e.actor}
+        ts_of = receipts.get(e.event_id, ())
+        if status_ts and status_ts in ts_of:
+            status_shows = walk.state
+        shown = [ts for ts in ts_of if not (ts and ts == status_ts)]
+        SHOWS.get(type(e), _line)(walk, e, shown)
+    out = walk.out
+    status = None
+    if first is not None:
+        last = next(e for e in reversed(events) if not isinstance(e, ev.MessagePosted))
+        status = _status(first, last, walk.state, status_shows, status_ts, receipts, approvers)
+    if status is not None:
         if status.kind == "post":
             out.insert(0, status)
         else:
@@ -218,53 +150,194 @@ def pending_deliveries(
     return out
 
 
+Opened = tuple[ev.ApprovalRequested, str]  # an open approval card and its ts ("": unposted)
+Checking = tuple[ev.ToolOutcomeUnknown, str]  # an open reconcile card, alike
+
+
+class _Walk:
+    """What a walk over the log has seen so far, and what it found still to show.
+
+    ``shown`` (each step's last argument) holds the ts of the event's receipts, the
+    status message's left out.
+    """
+
+    def __init__(self, requester: str | None) -> None:
+        self.requester = requester
+        self.out: list[Outbound] = []
+        self.calls: dict[str, ev.ToolCallRequested] = {}
+        self.cards: dict[str, Opened] = {}  # open approval cards by call id
+        self.checks: dict[str, Checking] = {}  # open reconcile cards by call id
+        self.noted: dict[str, Outbound] = {}  # open cards' latest undelivered update
+        self.people: frozenset[str] = frozenset()
+        self.before = self.state = ThreadState()  # around the event being walked
+
+    def post(self, e: ev.AnyEvent) -> None:
+        call = self.calls.get(getattr(e, "tool_call_id", None) or "")
+        self.out.append(Outbound("post", e, self.requester, call, people=self.people))
+
+    def update(self, e: ev.AnyEvent, card: Card, ts: str, **shows: Any) -> Outbound:
+        call = self.calls[card.tool_call_id]
+        return Outbound("update", e, self.requester, call, card, ts, people=self.people, **shows)
+
+    def post_card(self, e: Card, shown: list[str]) -> str:
+        """Post the card of ``e`` unless a receipt says it is; its ts ("" until then)."""
+        if not shown:
+            self.post(e)
+        return shown[0] if shown else ""
+
+    def still_open(self, e: ev.AnyEvent, cid: str, shown: list[str]) -> None:
+        """The open card of ``cid`` shows what ``e`` changed: the latest such update
+        stands for the earlier ones (it shows them too)."""
+        card, ts = self.cards[cid]
+        if (stale := self.noted.pop(cid, None)) is not None:
+            self.out.remove(stale)
+        if not ts or ts not in shown:
+            notes, votes = _notes(self.state, cid), _votes(self.state, cid)
+            self.noted[cid] = self.update(e, card, ts, notes=notes, votes=votes, still_open=True)
+            self.out.append(self.noted[cid])
+
+    def close(self, opened: Opened, e: ev.AnyEvent, shown: list[str]) -> None:
+        """Update the approval card to its decided form, once."""
+        card, ts = opened
+        cid = card.tool_call_id
+        if (stale := self.noted.pop(cid, None)) is not None:
+            self.out.remove(stale)  # the decided card shows them too
+        if not ts or ts not in shown:
+            # The votes the card had, and the one that met the quorum.
+            voted = self.state if isinstance(e, ev.ApprovalGranted) else self.before
+            notes, votes = _notes(self.before, cid), _votes(voted, cid)
+            self.out.append(self.update(e, card, ts, notes=notes, votes=votes))
+
+    def settle(self, checking: Checking, e: ev.AnyEvent, shown: list[str]) -> None:
+        """Update the reconcile card to say what became of the call, once."""
+        check, ts = checking
+        if not ts or ts not in shown:
+            self.out.append(self.update(e, check, ts))
+
+
+def _line(w: _Walk, e: ev.AnyEvent, shown: list[str]) -> None:
+    """Any type without an entry: a line of its own if people see it as one."""
+    if e.facts.people == "line" and not shown:
+        w.post(e)
+
+
+def _tool_call_requested(w: _Walk, e: ev.ToolCallRequested, shown: list[str]) -> None:
+    w.calls[e.tool_call_id] = e
+    if e.policy != "approve_before_run":  # else its approval card shows it
+        _line(w, e, shown)
+
+
+def _approval_requested(w: _Walk, e: ev.ApprovalRequested, shown: list[str]) -> None:
+    if e.tool_call_id in w.calls:
+        w.cards[e.tool_call_id] = (e, w.post_card(e, shown))
+
+
+def _tool_outcome_unknown(w: _Walk, e: ev.ToolOutcomeUnknown, shown: list[str]) -> None:
+    if e.tool_call_id in w.calls:
+        w.checks[e.tool_call_id] = (e, w.post_card(e, shown))
+
+
+def _user_message(w: _Walk, e: ev.UserMessage, shown: list[str]) -> None:
+    for cid in list(w.cards):
+        if _notes(w.state, cid).latest:
+            w.still_open(e, cid, shown)
+
+
+def _approval_granted(w: _Walk, e: ev.ApprovalGranted, shown: list[str]) -> None:
+    if e.tool_call_id in w.cards and _awaits_votes(w.state, e.tool_call_id):
+        w.still_open(e, e.tool_call_id, shown)  # a vote short of the quorum
+    else:
+        _approval_closed(w, e, shown)
+
+
+def _approval_closed(
+    w: _Walk,
+    e: ev.ApprovalGranted | ev.ApprovalRejected | ev.ApprovalExpired | ev.ApprovalWithdrawn,
+    shown: list[str],
+) -> None:
+    if (opened := w.cards.pop(e.tool_call_id, None)) is not None:
+        w.close(opened, e, shown)
+
+
+def _reconcile_decided(w: _Walk, e: ev.ReconcileDecided, shown: list[str]) -> None:
+    if (checking := w.checks.pop(e.tool_call_id, None)) is not None:
+        w.settle(checking, e, shown)
+
+
+def _thread_cancelled(w: _Walk, e: ev.ThreadCancelled, shown: list[str]) -> None:
+    """Every open card closes; the cancellation has its line too (another ts)."""
+    cards, w.cards = list(w.cards.values()), {}
+    checks, w.checks = list(w.checks.values()), {}
+    for opened in cards:
+        w.close(opened, e, shown)
+    for checking in checks:
+        w.settle(checking, e, shown)
+    card_ts = {ts for _, ts in cards} | {ts for _, ts in checks}
+    if not [ts for ts in shown if ts not in card_ts]:
+        w.post(e)
+
+
+# What an event does to what the thread shows, keyed by its class (as the reducer's
+# ``APPLY``). Every type people see on a card has an entry (a test checks); any other
+# type is a line of its own when its facts say people see it as one (``_line``).
+SHOWS: dict[type[ev.Event], Callable[[_Walk, Any, list[str]], None]] = {
+    ev.UserMessage: _user_message,
+    ev.ToolCallRequested: _tool_call_requested,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalGranted: _approval_granted,
+    ev.ApprovalRejected: _approval_closed,
+    ev.ApprovalExpired: _approval_closed,
+    ev.ApprovalWithdrawn: _approval_closed,
+    ev.ToolOutcomeUnknown: _tool_outcome_unknown,
+    ev.ReconcileDecided: _reconcile_decided,
+    ev.ThreadCancelled: _thread_cancelled,
+}
+
+
 def _status(
-    events: Sequence[ev.AnyEvent],
     first: ev.UserMessage,
+    last: ev.AnyEvent,
+    state: ThreadState,
+    shown: ThreadState,
     status_ts: str,
     receipts: dict[str, list[str]],
     approvers: Sequence[str],
 ) -> Outbound | None:
-    """The status message to post (none has a receipt yet), or to update (what it shows
-    differs from what the whole log says), or None.
+    """The status message to post (none has a receipt yet), or to update (``shown``,
+    what it shows, differs from ``state``, what the whole log says), or None.
 
     A receipt of event E carrying the status message's ts records that it shows the
     state after E; the latest such E in log order is what it shows now. Posting it
-    records two: the first ``user_message``'s, and the last event's, whose state it shows.
+    records two: the first ``user_message``'s, and the last event's (``last``, the log's
+    last but receipts), whose state it shows.
     """
-    last = next(e for e in reversed(events) if not isinstance(e, ev.MessagePosted))
-    state = shown = ThreadState()
-    for e in events:
-        state = apply(state, e)
-        if status_ts and status_ts in receipts.get(e.event_id, ()):
-            shown = state
     view = StatusView(state, first.event_id, last.event_id, tuple(approvers))
     if first.event_id not in receipts:
         return Outbound("post", first, first.actor, status=view)
     if not status_ts:
         return None  # a receipt without a ts: nothing to update
     tid = first.thread_id
-    if bk.status_message(shown, tid, approvers=approvers) == bk.status_message(
+    if status_message(shown, tid, approvers=approvers) == status_message(
         state, tid, approvers=approvers
     ):
         return None
     return Outbound("update", last, first.actor, card_ts=status_ts, status=view)
 
 
-def _notes(state: ThreadState, call_id: str) -> bk.Notes:
+def _notes(state: ThreadState, call_id: str) -> Notes:
     """What people wrote since the card of ``call_id`` was posted, as ``state`` has it."""
     call = state.pending
     if call is None or call.tool_call_id != call_id:
-        return bk.NO_NOTES
-    return bk.Notes(call.said_since, call.said_since_count)
+        return NO_NOTES
+    return Notes(call.said_since, call.said_since_count)
 
 
-def _votes(state: ThreadState, call_id: str) -> bk.Votes:
+def _votes(state: ThreadState, call_id: str) -> Votes:
     """The approvals of ``call_id`` as ``state`` has them (none once it is closed)."""
     call = state.pending
     if call is None or call.tool_call_id != call_id:
-        return bk.NO_VOTES
-    return bk.Votes(call.votes, call.quorum)
+        return NO_VOTES
+    return Votes(call.votes, call.quorum)
 
 
 def _awaits_votes(state: ThreadState, call_id: str) -> bool:
@@ -272,18 +345,12 @@ def _awaits_votes(state: ThreadState, call_id: str) -> bool:
     return call is not None and call.tool_call_id == call_id and call.phase == "awaiting_approval"
 
 
-def _has_line(e: ev.AnyEvent) -> bool:
-    if isinstance(e, ev.ToolCallRequested):
-        return e.policy != "approve_before_run"  # its approval card shows it
-    return e.facts.people == "line"
-
-
-def render(item: Outbound) -> list[bk.Block]:
+def render(item: Outbound) -> list[Block]:
     """The blocks showing ``item`` (pure)."""
     e = item.event
     if item.status is not None:
         view = item.status
-        return bk.status_message(view.state, e.thread_id, approvers=view.approvers)
+        return status_message(view.state, e.thread_id, approvers=view.approvers)
     if isinstance(item.card, ev.ToolOutcomeUnknown) or isinstance(e, ev.ToolOutcomeUnknown):
         return _reconcile(item)
     if item.kind == "update" and item.still_open:  # the open card, noted or voted on
@@ -292,7 +359,7 @@ def render(item: Outbound) -> list[bk.Block]:
     if item.kind == "update":
         assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
         by = None if isinstance(e, ev.ApprovalExpired) or e.actor == "system" else e.actor
-        return bk.decided_card(
+        return decided_card(
             thread_id=e.thread_id,
             requester=item.requester,
             call=item.call,
@@ -309,12 +376,12 @@ def render(item: Outbound) -> list[bk.Block]:
     if isinstance(e, ev.ApprovalRequested):
         return _open_card(item, e)
     name = item.call.intent if item.call is not None else None
-    return bk.event_line(e, tool_name=name, requester=item.requester, people=item.people) or []
+    return event_line(e, tool_name=name, requester=item.requester, people=item.people) or []
 
 
-def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[bk.Block]:
+def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[Block]:
     assert item.call is not None
-    return bk.approval_card(
+    return approval_card(
         thread_id=card.thread_id,
         requester=item.requester,
         call=item.call,
@@ -327,13 +394,13 @@ def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[bk.Block]:
     )
 
 
-def _reconcile(item: Outbound) -> list[bk.Block]:
+def _reconcile(item: Outbound) -> list[Block]:
     """The reconcile card, open (posted for ``tool_outcome_unknown``) or settled."""
     call, e = item.call, item.event
     assert call is not None
     if item.kind == "post":
         assert isinstance(e, ev.ToolOutcomeUnknown)
-        return bk.reconcile_card(
+        return reconcile_card(
             thread_id=e.thread_id,
             requester=item.requester,
             call=call,
@@ -343,7 +410,7 @@ def _reconcile(item: Outbound) -> list[bk.Block]:
         )
     assert isinstance(item.card, ev.ToolOutcomeUnknown)
     decided = e if isinstance(e, ev.ReconcileDecided) else None
-    return bk.reconciled_card(
+    return reconciled_card(
         thread_id=e.thread_id,
         requester=item.requester,
         call=call,

@@ -19,8 +19,8 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.blocks import REASON_BLOCK
 from bot.mrkdwn import escape, mention
+from bot.render.modals import REASON_BLOCK
 from bot.reviewers import ReviewerLookupError
 from engine.errors import ThreadNotFound
 

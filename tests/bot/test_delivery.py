@@ -20,16 +20,18 @@ import pytest
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks as bk
 from bot import outbox
 from bot.delivery import Delivery
 from bot.outbox import Outbound, pending_deliveries, render, shown_event
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.reconcile import RETRY_ACTION
+from bot.render.status import CANCEL_ACTION, status_message
 from engine import events as ev
 from engine.errors import StoreUnavailable
 from engine.events import utcnow
-from engine.inputs import cancel, decide_approval, post_user_message
+from engine.inputs import Decider, cancel, decide_approval, post_user_message
 from engine.models.scripted import ScriptedModel, Step, call, say
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner
 from engine.state import reduce
 from engine.store import Store, ThreadKey
@@ -39,6 +41,7 @@ from tests.support.demo_tools import make_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNEL = "C0OPS00001"
+CAROL = "U0CAROL01"
 REQUESTER = "U0REQUEST"
 REVIEWER = "U0REVIEW"
 LOOKUP = [call("lookup", name="db"), say("db found")]
@@ -113,7 +116,7 @@ async def line_receipts(store: Store, tid: str, status: dict[str, Any]) -> list[
 
 def cancel_button(message: dict[str, Any]) -> dict[str, Any] | None:
     accessories = [b.get("accessory") for b in message["blocks"] if b.get("accessory")]
-    buttons = [a for a in accessories if a.get("action_id") == bk.CANCEL_ACTION]
+    buttons = [a for a in accessories if a.get("action_id") == CANCEL_ACTION]
     assert len(buttons) <= 1
     return buttons[0] if buttons else None
 
@@ -205,14 +208,14 @@ async def card_for(store: Store, slack: FakeSlack, delivery: Delivery) -> tuple[
     _, [card] = await status_and_lines(store, slack, tid)
     assert (await by_id(store, tid))[shown(card, tid)].type == "approval_requested"
     actions = [b for b in card["blocks"] if b["type"] == "actions"]
-    assert [e["action_id"] for e in actions[0]["elements"]] == [bk.APPROVE_ACTION, bk.REJECT_ACTION]
+    assert [e["action_id"] for e in actions[0]["elements"]] == [APPROVE_ACTION, REJECT_ACTION]
     return tid, card, state.pending.tool_call_id
 
 
 async def decide(store: Store, tid: str, cid: str, decision: str, reason: str = "") -> None:
     await decide_approval(
-        store, tid, tool_call_id=cid, reviewer=REVIEWER, decision=decision,  # type: ignore[arg-type]
-        policy=ApproverPolicy(), reason=reason,
+        store, tid, tool_call_id=cid, decider=Decider(REVIEWER), decision=decision,  # type: ignore[arg-type]
+        reviewers=ReviewerRule(), reason=reason,
     )  # fmt: skip
 
 
@@ -253,14 +256,15 @@ async def test_rejection_with_a_reason_shows_who_and_why_on_the_card(store, slac
 
 
 async def test_a_reply_while_the_card_waits_updates_the_card_in_place(store, slack, delivery):
-    """Issue 8 item 7: alice writes while bob has the card in front of him; the card
-    says so at once (who, and the first line of what she wrote, escaped once)."""
+    """Issue 8 item 7: carol writes while bob has the card in front of him; the card
+    says so at once (who, and the first line of what she wrote, escaped once). The
+    requester writing withdraws the card instead (the next test)."""
     tid, card, cid = await card_for(store, slack, delivery)
     info = await store.get_thread(tid)
     key = ThreadKey(TEAM_ID, CHANNEL, info.root_ts)
     text = "actually, deploy version 2.0.0 to production &amp; <@U0OTHER1>\nthanks"
     await post_user_message(
-        store, key, text=text, user=REQUESTER, source={"kind": "slack"}, start=False
+        store, key, text=text, user=CAROL, source={"kind": "slack"}, start=False
     )
     await runner(store, DEPLOY).run(tid)  # the worker's run after the reply: nothing to do
     assert (await store.load(tid)).status == "awaiting_approval"
@@ -269,12 +273,12 @@ async def test_a_reply_while_the_card_waits_updates_the_card_in_place(store, sla
     assert params["metadata"] == card["metadata"]
     [note] = [b for b in params["blocks"] if "wrote since this was posted" in json.dumps(b)]
     assert note["text"]["text"] == (
-        f"⚠️ <@{REQUESTER}> wrote since this was posted: "
+        f"⚠️ <@{CAROL}> wrote since this was posted: "
         "“actually, deploy version 2.0.0 to production &amp; @U0OTHER1”"  # pings nobody new
     )
     assert params["blocks"].index(note) < [b["type"] for b in params["blocks"]].index("actions")
     assert [e["action_id"] for b in params["blocks"] if b["type"] == "actions"
-            for e in b["elements"]] == [bk.APPROVE_ACTION, bk.REJECT_ACTION]  # fmt: skip
+            for e in b["elements"]] == [APPROVE_ACTION, REJECT_ACTION]  # fmt: skip
     assert "thanks" not in json.dumps(params["blocks"])  # the first line only
     assert "wrote since" in params["text"]  # the notification text says it too
     assert len(slack.posted(CHANNEL)) == 2
@@ -283,13 +287,36 @@ async def test_a_reply_while_the_card_waits_updates_the_card_in_place(store, sla
     )
     assert (await receipts(store, tid))[-1].shows_event_id == reply.event_id
     assert await delivery.deliver(tid) == 0
-    # bob approves: the decided card still says what alice wrote.
+    # bob approves: the decided card still says what carol wrote.
     await decide(store, tid, cid, "approve")
     assert await delivery.deliver(tid) == 2
     decided = slack.calls_to("chat.update")[-2].params
     assert decided["ts"] == card["ts"] and "wrote since this was posted" in json.dumps(
         decided["blocks"]
     )
+
+
+async def test_the_requesters_reply_withdraws_the_card_in_place(store, slack, delivery):
+    """Issue 17 §1: the requester writes while the card waits: the card is updated in
+    place, buttons gone, saying who wrote; a click on it afterwards changes nothing."""
+    tid, card, cid = await card_for(store, slack, delivery)
+    info = await store.get_thread(tid)
+    key = ThreadKey(TEAM_ID, CHANNEL, info.root_ts)
+    await post_user_message(
+        store, key, text="wait, production", user=REQUESTER, dedupe_key="Ev-w", start=False
+    )
+    assert await delivery.deliver(tid) >= 1
+    params = await the_update(slack, card)
+    assert params["metadata"] == card["metadata"]
+    blocks = json.dumps(params["blocks"])
+    assert "Withdrawn: deploy" in blocks and f"<@{REQUESTER}> wrote since" in blocks
+    assert not [b for b in params["blocks"] if b["type"] == "actions"]  # no buttons
+    late = await decide_approval(
+        store, tid, tool_call_id=cid, decider=Decider(REVIEWER), decision="approve",
+        reviewers=ReviewerRule(),
+    )  # fmt: skip
+    assert late.event is not None and late.event.type == "approval_refused"
+    assert (await store.load(tid)).status == "running"  # the model decides again
 
 
 async def test_expiry_updates_the_card(store, slack, delivery):
@@ -302,7 +329,9 @@ async def test_expiry_updates_the_card(store, slack, delivery):
 
 async def test_cancelling_updates_the_pending_card_and_posts_a_line(store, slack, delivery):
     tid, card, _ = await card_for(store, slack, delivery)
-    await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy(), reason="wrong env")
+    await cancel(
+        store, tid, decider=Decider(REQUESTER), reviewers=ReviewerRule(), reason="wrong env"
+    )
     assert await delivery.deliver(tid) == 3  # the card, a line, the status message
     assert f"Cancelled by <@{REQUESTER}>" in json.dumps((await the_update(slack, card))["blocks"])
     status, [_, line] = await status_and_lines(store, slack, tid)
@@ -378,7 +407,7 @@ async def test_the_status_message_is_not_posted_twice_by_two_processes(store, sl
     await asyncio.gather(a.deliver(tid), b.deliver(tid), a.deliver(tid), b.deliver(tid))
     assert await a.deliver(tid) == 0 and await b.deliver(tid) == 0
     status, [_card] = await status_and_lines(store, slack, tid)
-    await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy())
+    await cancel(store, tid, decider=Decider(REQUESTER), reviewers=ReviewerRule())
     await asyncio.gather(b.deliver(tid), a.deliver(tid))
     status, [_card, _line] = await status_and_lines(store, slack, tid)
     [update] = status_updates(slack, status)
@@ -395,7 +424,9 @@ async def test_a_status_post_whose_receipt_was_lost_is_found_and_then_updated(st
     gate.set()
     [status] = slack.posted(CHANNEL)
     assert "Waiting for approval" in all_text(status) and await receipts(store, tid) == []
-    await cancel(store, tid, by=REQUESTER, policy=ApproverPolicy(), reason="not today")
+    await cancel(
+        store, tid, decider=Decider(REQUESTER), reviewers=ReviewerRule(), reason="not today"
+    )
     again = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     assert await again.deliver(tid) == 4  # the card posted and updated, a line, the status
     status, [card, line] = await status_and_lines(store, slack, tid)
@@ -471,7 +502,7 @@ async def test_show_hands_the_receipts_to_the_runner_and_appends_nothing(store, 
     tid = await start(store, slack, LOOKUP)
     before = await store.select_events(tid)
     assert await store.acquire_lease(tid, "runner", 30)  # the runner holds the thread
-    handed = await delivery.show(tid)
+    handed = await delivery.show(tid, before, reduce(before))
     assert await store.select_events(tid) == before  # one writer: the runner
     posts = slack.posted(CHANNEL)
     assert len(posts) == 4 == len({r.ts for r in handed})
@@ -483,12 +514,57 @@ async def test_show_hands_the_receipts_to_the_runner_and_appends_nothing(store, 
     assert len(slack.calls_to("chat.postMessage")) == 4
 
 
+async def test_showing_for_the_runner_reads_the_thread_row_once_and_the_log_never(
+    store, slack, delivery, monkeypatch
+):
+    """Issue 20 §3: the runner hands the delivery the log and state it holds at each tool
+    call; the thread's place in Slack is read once per process."""
+    root = slack.add_message(CHANNEL, "find them", user=REQUESTER)
+    key = ThreadKey(TEAM_ID, CHANNEL, root["ts"])
+    tid = (await post_user_message(store, key, text="find them", user=REQUESTER)).thread_id
+    reads: Counter[str] = Counter()
+
+    def counted(name: str) -> Any:
+        read = getattr(store, name)
+
+        async def spy(*args: Any, **kw: Any) -> Any:
+            reads[name] += 1
+            return await read(*args, **kw)
+
+        return spy
+
+    for name in ("select_events", "get_thread"):
+        monkeypatch.setattr(store, name, counted(name))
+    script = [call("lookup", name=n) for n in ("db", "api", "web")] + [say("found")]
+    tools = make_tools(Counter())
+    run = Runner(store, ScriptedModel(script), tools, owner="runner", front_door=delivery)
+    assert (await run.run(tid)).status == "idle"
+    assert reads == Counter({"get_thread": 1})  # three tool calls shown
+    monkeypatch.undo()
+    _, lines = await status_and_lines(store, slack, tid)
+    assert len(lines) == 5  # each call and the first two results, before the next call
+    assert len(await receipts(store, tid)) == 1 + 1 + 5  # the status message's two
+
+
+async def test_a_compacted_threads_tail_is_shown_from_the_whole_log(store, slack, delivery):
+    """A compacted thread's runner holds only the tail its prompt needs: the delivery
+    reads the whole log then, and shows the same as for the whole log."""
+    tid = await start(store, slack, LOOKUP)
+    events = await store.select_events(tid)
+    assert await store.acquire_lease(tid, "runner", 30)
+    handed = await delivery.show(tid, events[3:], reduce(events))
+    posts = slack.posted(CHANNEL)
+    assert len(posts) == 4 == len({r.ts for r in handed})  # the status message first
+    assert shown(posts[0], tid) == events[0].event_id
+
+
 async def test_receipts_a_runner_died_holding_are_found_in_slack_not_posted_again(
     store, slack, delivery
 ):
     tid = await start(store, slack, LOOKUP)
     assert await store.acquire_lease(tid, "runner", 30)
-    handed = await delivery.show(tid)
+    events = await store.select_events(tid)
+    handed = await delivery.show(tid, events, reduce(events))
     await store.release_lease(tid, "runner")  # gone before appending them
     assert not await receipts(store, tid)
     looked = len(slack.calls_to("conversations.replies"))
@@ -611,7 +687,7 @@ def test_the_status_message_is_posted_first_for_the_first_user_message_showing_n
     assert status.status is not None and status.status.anchor == log[0].event_id
     assert status.status.upto == log[-1].event_id  # it shows the state after the last event
     assert status.status.state == reduce(log)
-    assert render(status) == bk.status_message(reduce(log), logs.THREAD_ID)
+    assert render(status) == status_message(reduce(log), logs.THREAD_ID)
 
 
 def test_receipts_take_events_off_and_give_the_card_its_ts():
@@ -687,7 +763,7 @@ def test_a_message_while_the_card_is_open_updates_the_card_once_with_all_of_them
     assert update.notes.count == 2
     text = json.dumps(render(update))
     assert "2 messages since this was posted" in text and "to production, I mean" in text
-    assert bk.APPROVE_ACTION in text  # still the open card, buttons and all
+    assert APPROVE_ACTION in text  # still the open card, buttons and all
     done = logs.stamp([*wrote, receipt(wrote[-1], "2.0")])
     assert pending_deliveries(done) == []
     # Decided later: the decided card keeps the note (the audit shows what was known).
@@ -758,7 +834,7 @@ def test_a_vote_short_of_the_quorum_updates_the_open_card_then_the_last_closes_i
         True,
     )
     shown = json.dumps(render(vote))
-    assert f"1 of 2: <@{logs.REVIEWER}>" in shown and bk.APPROVE_ACTION in shown
+    assert f"1 of 2: <@{logs.REVIEWER}>" in shown and APPROVE_ACTION in shown
     log = logs.stamp([*log, receipt(log[-1], "1.1")])
     log = logs.stamp([*log, ev.ApprovalGranted(actor=logs.OTHER, tool_call_id=cid)])
     [closed, *_] = pending_deliveries(log)
@@ -785,19 +861,23 @@ def test_an_unknown_outcome_posts_the_reconcile_card_and_its_decision_updates_it
     assert kinds(todo) == [
         ("post", "status"), ("post", "tool_call_requested"), ("post", "tool_outcome_unknown"),
     ]  # fmt: skip
-    assert bk.RETRY_ACTION in json.dumps(render(todo[2]))
+    assert RETRY_ACTION in json.dumps(render(todo[2]))
     log = logs.stamp([*log, *(receipt(i.event, f"1.{n}") for n, i in enumerate(todo))])
     log = logs.stamp([*log, logs.reconciled(cid, "happened", note="done by hand")])
     [update, *_] = pending_deliveries(log)
     assert (update.kind, update.card_ts, update.card) == ("update", "1.2", log[4])
     shown = json.dumps(render(update))
     assert "said it happened" in shown and "done by hand" in shown
-    assert bk.RETRY_ACTION not in shown
+    assert RETRY_ACTION not in shown
 
 
 def test_every_type_people_see_on_a_card_posts_closes_or_settles_one() -> None:
     on_cards = [c for c in ev.EVENT_CLASSES if c.facts.people == "card"]
-    handled = {*outbox.CARD_POSTS, *outbox.OUTCOMES, *outbox.RECONCILE_OUTCOMES}
+    handled = set(outbox.SHOWS)  # the table, keyed by event class as the reducer's
     assert ev.missing_from(handled, on_cards) == []
     # Only a cancellation closes cards without being shown on one (it has its own line).
-    assert {ev.type_name(c) for c in handled - set(on_cards)} == {"thread_cancelled"}
+    closing = set(outbox.OUTCOMES)
+    assert {ev.type_name(c) for c in closing - set(on_cards)} == {"thread_cancelled"}
+    # The other entries: the call a card is for, and a message shown on the open card.
+    others = {ev.type_name(c) for c in handled - set(on_cards) - closing}
+    assert others == {"tool_call_requested", "user_message"}

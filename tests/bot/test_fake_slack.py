@@ -18,7 +18,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks as b
+from bot.render.approval import APPROVE_ACTION
+from bot.render.modals import REJECT_CALLBACK, reject_modal
 from tests.fakes import slack as fake
 from tests.fakes.slack import BOT_ID, BOT_USER_ID, TEAM_ID, TOKEN, FakeSlack
 
@@ -148,7 +149,7 @@ async def test_post_ephemeral(slack: FakeSlack, client: AsyncWebClient) -> None:
 
 
 async def test_views_open_needs_a_fresh_trigger(slack: FakeSlack, client: AsyncWebClient) -> None:
-    view = b.reject_modal(
+    view = reject_modal(
         thread_id="thr_1", tool_call_id="toolu_1", arguments_hash="h", tool_name="refund"
     )
     resp = await client.views_open(trigger_id="123.456.abc", view=view)
@@ -414,12 +415,12 @@ async def test_bolt_accepts_the_signed_payloads_and_reads_them(slack: FakeSlack)
         seen["mention"] = (event["user"], context.channel_id, context.team_id)
         await ack()
 
-    @app.action(b.APPROVE_ACTION)
+    @app.action(APPROVE_ACTION)
     async def approve(ack: Any, body: dict, action: dict, context: Any) -> None:
         seen["action"] = (body["user"]["id"], action["value"], context.channel_id)
         await ack()
 
-    @app.view(b.REJECT_CALLBACK)
+    @app.view(REJECT_CALLBACK)
     async def reject(ack: Any, view: dict) -> None:
         seen["view"] = view["state"]["values"]["reason"]["reason"]["value"]
         await ack()
@@ -440,12 +441,12 @@ async def test_bolt_accepts_the_signed_payloads_and_reads_them(slack: FakeSlack)
     )
     assert (await dispatch(mention_)).status == 200
     click = fake.block_actions_payload(
-        user=HUMAN, action_id=b.APPROVE_ACTION, value='{"t":"x"}', channel=CHANNEL, message_ts="1.3"
+        user=HUMAN, action_id=APPROVE_ACTION, value='{"t":"x"}', channel=CHANNEL, message_ts="1.3"
     )
     assert (await dispatch(click)).status == 200
     values = fake.text_input_values("reason", "reason", "no")
     submit = fake.view_submission_payload(
-        user=HUMAN, callback_id=b.REJECT_CALLBACK, private_metadata="{}", values=values
+        user=HUMAN, callback_id=REJECT_CALLBACK, private_metadata="{}", values=values
     )
     assert (await dispatch(submit)).status == 200
     assert (await dispatch(fake.slash_command_payload(user=HUMAN, text="pending"))).status == 200

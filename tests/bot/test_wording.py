@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from bot import blocks as bk
 from bot import outbox
+from bot.render.approval import approval_card, decided_card
+from bot.render.lines import event_line
+from bot.render.modals import reject_modal
+from bot.render.status import status_message, status_text
 from engine import events as ev
 from engine.state import reduce
 from tests.support import logs
@@ -58,7 +61,7 @@ def shown(events: list[ev.Event]) -> list[list[dict[str, Any]]]:
 def test_a_decision_date_reads_today_at_not_at_today_at(outcome: str, by: str | None) -> None:
     """Slack renders ``{date_short_pretty} at {time}`` as "today at 6:25 PM"; "Approved
     by @bob at today at 6:25 PM" doubled the "at"."""
-    blocks = bk.decided_card(**card_inputs(), outcome=outcome, by=by, at=NOW)  # type: ignore[arg-type]
+    blocks = decided_card(**card_inputs(), outcome=outcome, by=by, at=NOW)  # type: ignore[arg-type]
     line = blocks[-1]["text"]["text"]
     assert "<!date^" in line
     assert not re.search(r"\bat <!date\^", line), line
@@ -70,9 +73,9 @@ def test_no_rendering_puts_at_or_on_before_a_pretty_date() -> None:
         logs.stamp([logs.user(), ev.RetryScheduled(attempt=1, wake_at=later, error="503")])
     )
     renderings = [
-        bk.approval_card(**card_inputs()),
-        bk.status_message(sleeping, THREAD),
-        bk.event_line(ev.RetryScheduled(thread_id=THREAD, attempt=1, wake_at=later, error="x")),
+        approval_card(**card_inputs()),
+        status_message(sleeping, THREAD),
+        event_line(ev.RetryScheduled(thread_id=THREAD, attempt=1, wake_at=later, error="x")),
     ]
     for text in (t for r in renderings for t in texts(r)):
         assert not re.search(r"\b(?:at|on) <!date\^\d+\^\{date_short_pretty\}", text), text
@@ -82,9 +85,7 @@ def test_no_rendering_puts_at_or_on_before_a_pretty_date() -> None:
 
 
 def test_the_reject_reason_label_does_not_say_optional_twice() -> None:
-    view = bk.reject_modal(
-        thread_id=THREAD, tool_call_id="toolu_1", arguments_hash="h", tool_name="x"
-    )
+    view = reject_modal(thread_id=THREAD, tool_call_id="toolu_1", arguments_hash="h", tool_name="x")
     [reason] = [blk for blk in view["blocks"] if blk["type"] == "input"]
     assert reason["optional"] is True  # Slack appends "(optional)" itself
     assert "optional" not in reason["label"]["text"].lower()
@@ -128,7 +129,7 @@ def test_only_the_threads_own_people_become_mentions() -> None:
 
 
 def status_of(events: list[ev.Event]) -> str:
-    return bk.status_text(reduce(logs.stamp(events)))
+    return status_text(reduce(logs.stamp(events)))
 
 
 def test_a_rejected_deploy_does_not_end_with_a_green_check() -> None:
@@ -167,7 +168,7 @@ def test_the_cards_why_shows_names_not_our_internal_notes() -> None:
         f"Not deployed: api to staging.\n> [system] {ALICE} cancelled this thread.\n\n"
         "Deploying api to production, once a reviewer approves."
     )
-    [why] = [t for t in texts(bk.approval_card(**card_inputs(reason))) if t.startswith("*Why*")]
+    [why] = [t for t in texts(approval_card(**card_inputs(reason))) if t.startswith("*Why*")]
     assert "[system]" not in why
     assert f"> <@{ALICE}> cancelled this thread." in why.replace("\\n", "\n")
 

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
 from engine import events as ev
 from engine.errors import ConcurrencyConflict
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, post_user_message
 from engine.leases import Lease
 from engine.models.scripted import ScriptedModel, call, say
-from engine.policy import ApproverPolicy
 from engine.retrying import retrying
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner
+from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadKey
 from tests.support.demo_tools import make_tools
 
@@ -30,29 +32,30 @@ def count_conflicts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every ``ConcurrencyConflict`` any store in this process meets on an append, as
     the types of the batch that met it (a pass-through spy at the store's port)."""
     met: list[str] = []
-    insert = Store.insert_events
+    append = Store.append
 
-    async def counting(self, thread_id, events, expected_seq, **kwargs):  # type: ignore[no-untyped-def]
+    async def counting(self, thread_id, expected_seq, events, **kwargs):  # type: ignore[no-untyped-def]
         try:
-            return await insert(self, thread_id, events, expected_seq, **kwargs)
+            return await append(self, thread_id, expected_seq, events, **kwargs)
         except ConcurrencyConflict:
             met.append(",".join(e.type for e in events))
             raise
 
-    monkeypatch.setattr(Store, "insert_events", counting)
+    monkeypatch.setattr(Store, "append", counting)
     return met
 
 
 class ShowsAndReads:
-    """A front door that reads the log (reads never conflict) and shows each event
-    once: its receipt names it. It appends nothing."""
+    """A front door that shows each event of the log the runner hands it once: its
+    receipt names it. It appends nothing."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.shown: list[list[str]] = []  # the event types shown per call
 
-    async def show(self, thread_id: str) -> list[ev.MessagePosted]:
-        events = await self.store.select_events(thread_id)
+    async def show(
+        self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+    ) -> list[ev.MessagePosted]:
         done = {e.shows_event_id for e in events if isinstance(e, ev.MessagePosted)}
         new = [e for e in events if e.type != "message_posted" and e.event_id not in done]
         self.shown.append([e.type for e in new])
@@ -75,8 +78,8 @@ async def test_an_approved_call_shows_first_and_its_receipts_commit_with_the_out
     state = await runner.run(tid)
     assert state.status == "awaiting_approval"
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="approve", policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="approve", reviewers=ReviewerRule(),
     )  # fmt: skip
     state = await runner.run(tid)
     assert state.status == "idle" and effects["deploy"] == 1
@@ -92,9 +95,39 @@ async def test_an_approved_call_shows_first_and_its_receipts_commit_with_the_out
     assert {r.created_at for r in receipts} == {result.created_at}
 
 
+async def test_the_front_door_is_handed_the_log_and_state_the_runner_holds(store):
+    """Issue 20 §3: the runner hands the front door what it read and wrote, so showing
+    a thread before each tool call reads neither the log nor the thread row again."""
+
+    class Handed(ShowsAndReads):
+        def __init__(self, store: Store) -> None:
+            super().__init__(store)
+            self.handed: list[tuple[list[ev.AnyEvent], ThreadState, list[ev.AnyEvent]]] = []
+
+        async def show(
+            self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+        ) -> list[ev.MessagePosted]:
+            log = await self.store.select_events(thread_id)  # to compare, not to show
+            self.handed.append((list(events), state, log))
+            return await super().show(thread_id, events, state)
+
+    door = Handed(store)
+    script = [call("lookup", name="db"), call("lookup", name="api"), say("found")]
+    runner = Runner(store, ScriptedModel(script), make_tools(Counter()), front_door=door)
+    tid = (await post_user_message(store, KEY, text="find db", user="U_ALICE")).thread_id
+    assert (await runner.run(tid)).status == "idle"
+    assert len(door.handed) == 2  # once before each tool call
+    for events, state, log in door.handed:
+        assert events == log  # the whole log as it stood, the receipts in it included
+        assert state == reduce(log)
+    assert door.handed[1][0][-1].type == "tool_started"
+
+
 async def test_a_front_door_that_fails_never_stops_the_work(store):
     class Broken:
-        async def show(self, thread_id: str) -> list[ev.MessagePosted]:
+        async def show(
+            self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+        ) -> list[ev.MessagePosted]:
             raise RuntimeError("slack is down")
 
     effects: Counter = Counter()
@@ -119,9 +152,10 @@ async def test_a_cancel_while_the_tool_runs_is_a_real_conflict_and_keeps_the_rec
     tid = (await post_user_message(store, KEY, text="find db", user="U_ALICE")).thread_id
 
     class CancelsMidCall(ShowsAndReads):
-        async def show(self, thread_id: str) -> list[ev.MessagePosted]:
-            receipts = await super().show(thread_id)
-            state = await self.store.load(thread_id)
+        async def show(
+            self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+        ) -> list[ev.MessagePosted]:
+            receipts = await super().show(thread_id, events, state)
             cancel = ev.ThreadCancelled(actor="U_ALICE")
             await self.store.append(thread_id, state.last_seq, [cancel])
             return receipts

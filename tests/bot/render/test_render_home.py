@@ -7,8 +7,9 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bot import home, limits
+from bot import limits
 from bot.mrkdwn import slack_len
+from bot.render import home
 
 NOW = datetime(2026, 1, 2, 9, 30, tzinfo=UTC)
 ASKED = NOW - timedelta(minutes=12)

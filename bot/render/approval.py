@@ -1,0 +1,263 @@
+"""The approval card: asks a reviewer to approve one call, bound to it by its arguments
+hash; updated in place while it is open (a message written since, a vote short of the
+quorum) and once decided (who decided what, when and why; no buttons).
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+from bot import mrkdwn as md
+from bot.limits import MAX_ID, MAX_TEXT, Block
+from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
+from bot.render.common import (
+    CallLike,
+    People,
+    arguments_section,
+    binding_value,
+    button,
+    call_fields,
+    confirm,
+    context,
+    header,
+    people_text,
+    section,
+    tool,
+)
+from engine.state import SaidSince
+
+Outcome = Literal["approved", "rejected", "expired", "withdrawn", "cancelled"]
+
+APPROVE_ACTION = "opsloop_approve"
+REJECT_ACTION = "opsloop_reject"
+APPROVAL_BLOCK_PREFIX = "opsloop_approval:"
+NOTE_EXCERPT = 150  # a card quotes this much of a message written since it was posted
+
+
+@dataclass(frozen=True)
+class Notes:
+    """Messages people wrote while a card was open: the latest few, and how many."""
+
+    latest: Sequence[SaidSince] = ()
+    count: int = 0
+
+
+NO_NOTES = Notes()
+
+
+class Votes(NamedTuple):
+    """The approvals a call has (distinct reviewers, in order) and how many it needs."""
+
+    by: tuple[str, ...] = ()
+    needed: int = 1
+
+
+NO_VOTES = Votes()
+
+
+def approval_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    expires_at: datetime,
+    arguments_hash: str | None = None,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
+    votes: Votes | None = None,
+) -> list[Block]:
+    """The card asking a reviewer to approve ``call``, bound to it by its arguments hash.
+
+    ``arguments_hash`` defaults to ``call.arguments_hash`` (a ``PendingCall`` has it; a
+    ``tool_call_requested`` event does not, so pass the ``approval_requested`` one).
+    ``notes``: what people wrote since the card was posted, shown before the buttons.
+    ``people``: user ids named as mentions in the model's reason. ``votes``: the
+    approvals so far (default: none, of the call's quorum); the card stays open, showing
+    them, until enough distinct reviewers approved.
+    """
+    args_hash = arguments_hash or getattr(call, "arguments_hash", "")
+    if not args_hash:
+        raise ValueError("an approval card needs the call's arguments hash")
+    votes = votes or Votes(needed=_quorum(call))
+    value = binding_value(thread_id, call.tool_call_id, args_hash)
+    left = votes.needed - len(votes.by)
+    runs = (
+        f"opsloop runs {tool(call.intent, 60)} with the arguments shown, "
+        f"as {mention(requester)} asked."
+        if left <= 1
+        else f"Your approval counts as one of the {votes.needed} that "
+        f"{tool(call.intent, 60)} needs before it runs."
+    )
+    approve = button(
+        "Approve",
+        APPROVE_ACTION,
+        value,
+        "primary",
+        confirm=confirm(f"Run {md.one_line(call.intent)}?", runs, "Approve", "Not yet", "primary"),
+    )
+    actions = {
+        "type": "actions",
+        "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
+        "elements": [approve, button("Reject", REJECT_ACTION, value, "danger")],
+    }
+    expiry = context(
+        f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}",
+        *_policy_hash(call),
+    )
+    body = _card_body(
+        f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people
+    )
+    progress = [section(progress_text(votes))] if votes.needed > 1 or votes.by else []
+    return [*body, *rule_blocks(call), *progress, expiry, actions]
+
+
+_OUTCOME_TITLES: dict[str, str] = {
+    "approved": "Approved",
+    "rejected": "Rejected",
+    "expired": "Approval expired",
+    "withdrawn": "Withdrawn",
+    "cancelled": "Cancelled",
+}
+
+
+def decided_card(
+    *,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    expires_at: datetime,
+    outcome: Outcome,
+    by: str | None,
+    at: datetime,
+    decision_reason: str = "",
+    arguments_hash: str | None = None,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
+    votes: Votes = NO_VOTES,
+) -> list[Block]:
+    """The card after the decision: no buttons, and who decided what, when and why.
+
+    Takes the inputs of :func:`approval_card` (``reason`` stays the model's stated
+    reason, ``notes`` what people wrote while it was open) plus the outcome;
+    ``decision_reason`` is the reviewer's reject reason. ``votes``: the approvals it
+    had; an approved card names every approver (``by`` alone when there are none).
+    """
+    del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
+    # Slack renders the date as "today at 6:25 PM" or "Dec 1st at 6:25 PM": no "at".
+    when = date(at)
+    if outcome == "approved":
+        line = f"✅ Approved by {people_text(votes.by or (by,))} {when}"
+    elif outcome == "rejected":
+        line = f"❌ Rejected by {mention(by)} {when}"
+        if votes.by:
+            line += f" (after approvals by {people_text(votes.by)})"
+        if decision_reason.strip():
+            line += f" — {escape(decision_reason.strip())}"
+    elif outcome == "expired":
+        line = f"⌛ Expired {when}: nobody decided in time"
+        if votes.by:
+            line = f"⌛ Expired {when} with {progress_text(votes, icon='')}"
+    elif outcome == "withdrawn":
+        # The requester wrote again: the model decides anew; nothing of this card runs.
+        line = f"↩️ Withdrawn {when}: {mention(by)} wrote since"
+        if votes.by:
+            line += f" (it had {progress_text(votes, icon='')})"
+    else:
+        line = f"🚫 Cancelled by {mention(by)} {when}" if by else f"🚫 Cancelled {when}"
+    title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
+    return [
+        *_card_body(title, thread_id, requester, call, reason, notes, people),
+        *rule_blocks(call),
+        context(f"call {inline_code(call.tool_call_id)}", *_policy_hash(call)),
+        section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
+    ]
+
+
+# --- the rule that decided, and the quorum ----------------------------------------------
+
+
+def _quorum(call: CallLike) -> int:
+    return call.reviewers.quorum if call.reviewers is not None else 1
+
+
+def rule_text(call: CallLike) -> str | None:
+    """ "rule 3: needs 2 of @sre": who may approve ``call`` under the rule that decided.
+
+    None for a call that records no rule and no reviewer rule (the process's approvers
+    decide, as before policy files)."""
+    r = call.reviewers
+    if r is None:
+        return None
+    where = f"rule {r.rule + 1}" if r.rule is not None else "default approvers"
+    if r.approvers:
+        who = f"{r.quorum} of {people_text(sorted(r.approvers))}"
+    else:
+        who = f"{r.quorum} approval{'s' if r.quorum > 1 else ''}, from anyone but the requester"
+    text = f"📜 {where}: needs {who}"
+    if r.allow_self:
+        text += " (the requester may approve too)"
+    if r.on_call:
+        text += " · on-call lookups are not connected yet, so an on-call entry matches nobody"
+    return truncate(text, MAX_TEXT)
+
+
+def rule_blocks(call: CallLike) -> list[Block]:
+    """The rule line of a card (the reconcile card shows it too), if the call has one."""
+    text = rule_text(call)
+    return [context(text)] if text else []
+
+
+def _policy_hash(call: CallLike) -> list[str]:
+    digest = getattr(call, "policy_hash", None)
+    return [f"policy {inline_code(str(digest)[:12])}"] if digest else []
+
+
+def progress_text(votes: Votes, icon: str = "🗳️ ") -> str:
+    """ "1 of 2: @bob": the approvals so far."""
+    if not votes.by:
+        return f"{icon}0 of {votes.needed} approvals so far"
+    return f"{icon}{len(votes.by)} of {votes.needed}: {people_text(votes.by)}"
+
+
+def _card_body(
+    title: str,
+    thread_id: str,
+    requester: str | None,
+    call: CallLike,
+    reason: str,
+    notes: Notes = NO_NOTES,
+    people: People = frozenset(),
+) -> list[Block]:
+    named = people | {requester} if requester else people
+    why = for_people(escape(reason.strip()), named) if reason.strip() else ""
+    why = truncate(
+        f"*Why*\n{why or '_The model gave no reason._'}", MAX_TEXT, md.trace_pointer(thread_id)
+    )
+    note = [section(_notes_text(notes, named))] if notes.latest else []
+    return [
+        header(title),
+        *note,
+        call_fields(requester, call),
+        arguments_section(call, thread_id),
+        section(why),
+    ]
+
+
+def _notes_text(notes: Notes, people: People) -> str:
+    """``⚠️ @alice wrote since this was posted: “actually, deploy 2.0.0…”``."""
+    latest = notes.latest[-1]
+    slack = latest.source_kind == "slack"
+    quoted = md.person_text(md.one_line(latest.text), slack=slack, people=people)
+    quoted = truncate(md.fence_safe(quoted), NOTE_EXCERPT)
+    who = mention(latest.actor)
+    count = max(notes.count, len(notes.latest))
+    if count == 1:
+        return f"⚠️ {who} wrote since this was posted: “{quoted}”"
+    return f"⚠️ {count} messages since this was posted; the latest, from {who}: “{quoted}”"

@@ -1,0 +1,161 @@
+"""One compact line per event people need to see: a tool call, its result, a retry, a
+wait, a question, an error, the answer, a cancellation.
+
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from bot import mrkdwn as md
+from bot.limits import MAX_MESSAGE_BLOCKS, MAX_TEXT, Block
+from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
+from bot.render.common import People, context, excerpt, section, short, tool, trace
+from engine import events as ev
+
+# How people see each type is one of its facts (engine.events.Facts): a line of its own
+# (rendered by ``LINES``), or on the approval or reconcile card.
+SHOWN_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "line")
+CARD_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "card")
+
+
+class _Seen(NamedTuple):
+    """What a line knows besides its event."""
+
+    tool_name: str | None
+    requester: str | None
+    people: People
+
+
+def event_line(
+    event: ev.Event,
+    *,
+    tool_name: str | None = None,
+    requester: str | None = None,
+    people: People = frozenset(),
+) -> list[Block] | None:
+    """The blocks showing ``event`` in the thread, or None when it is not shown there.
+
+    ``tool_name`` names the call of a result or retry (those events carry only its id);
+    ``requester`` is pinged by a clarification question; ``people`` (user ids, the
+    requester's included) are named as mentions where the model's text has their id.
+    A ``tool_call_requested`` that needs approval is shown by its card, not here.
+    """
+    render = LINES.get(type(event))
+    named = people | {requester} if requester else people
+    return render(event, _Seen(tool_name, requester, named)) if render else None
+
+
+def _call_name(call_id: str | None, tool_name: str | None) -> str:
+    if tool_name:
+        return tool(tool_name)
+    return inline_code(call_id) if call_id else "the model call"
+
+
+def _tool_call(e: ev.ToolCallRequested, seen: _Seen) -> list[Block] | None:
+    if e.policy == "approve_before_run":
+        return None  # the approval card shows this call
+    if e.policy == "reject":  # a policy rule refused it; the model reads the reason
+        rule = f" by rule {e.rule + 1}" if e.rule is not None else ""
+        why = f": {short(e.reason)}" if e.reason.strip() else ""
+        return [context(f"🛑 {tool(e.intent)} was refused{rule}{why}")]
+    waits = " (waits for an external job)" if e.policy == "wait_for_external_event" else ""
+    return [context(f"🔧 {tool(e.intent)} {excerpt(e.arguments)}{waits}")]
+
+
+def _tool_result(e: ev.ToolResult, seen: _Seen) -> list[Block]:
+    who = _call_name(e.tool_call_id, seen.tool_name)
+    if e.ok:
+        shown = "" if e.output is None else f": {excerpt(e.output, 200)}"
+        return [context(f"✔️ {who} done{shown}")]
+    return [context(f"⚠️ {who} failed: {short(e.error or 'no error message')}")]
+
+
+def _retry(e: ev.RetryScheduled, seen: _Seen) -> list[Block]:
+    who = _call_name(e.tool_call_id, seen.tool_name)
+    return [
+        context(
+            f"🔁 Attempt {e.attempt} of {who} failed: {short(e.error, 200)}; "
+            f"retrying {date(e.wake_at)}"
+        )
+    ]
+
+
+def _wait_started(e: ev.WaitStarted, seen: _Seen) -> list[Block]:
+    return [context(f"⏳ Waiting for {short(e.description, 500)} (gives up {date(e.timeout_at)})")]
+
+
+def _wait_finished(e: ev.WaitFinished, seen: _Seen) -> list[Block]:
+    shown = f": {excerpt(e.result, 200)}" if e.result else ""
+    return [context(f"✔️ The wait is over{shown}")]
+
+
+def _wait_timed_out(e: ev.WaitTimedOut, seen: _Seen) -> list[Block]:
+    return [context(f"⌛ Gave up waiting ({inline_code(e.wait_id)}): it timed out")]
+
+
+def _question(e: ev.ClarificationRequested, seen: _Seen) -> list[Block]:
+    ping = f"{mention(seen.requester)} " if seen.requester else ""
+    question = for_people(escape(e.question), seen.people)
+    text = truncate(f"❓ {ping}{question}", MAX_TEXT, md.trace_pointer(e.thread_id))
+    return [section(text), context("Reply in this thread to answer.")]
+
+
+def _decision_rejected(e: ev.DecisionRejected, seen: _Seen) -> list[Block]:
+    return [context(f"↩️ The model's proposal was refused: {short(e.reason)}")]
+
+
+def _error(e: ev.ErrorRaised, seen: _Seen) -> list[Block]:
+    text = f"⚠️ *{short(e.kind, 100)}*: {escape(e.message)}"
+    return [
+        section(truncate(text, MAX_TEXT, md.trace_pointer(e.thread_id))),
+        context(f"This thread needs a human. Details: {trace(e.thread_id)}"),
+    ]
+
+
+def _final_answer(e: ev.FinalAnswer, seen: _Seen) -> list[Block]:
+    return answer_blocks(e.text, e.thread_id, people=seen.people)
+
+
+def _cancelled(e: ev.ThreadCancelled, seen: _Seen) -> list[Block]:
+    why = f": {short(e.reason)}" if e.reason.strip() else ""
+    return [context(f"🚫 Cancelled by {mention(e.actor)}{why}")]
+
+
+# One renderer per type people see as a line (``Facts.people == "line"``; a test checks).
+LINES: dict[type[ev.Event], Callable[[Any, _Seen], list[Block] | None]] = {
+    ev.ToolCallRequested: _tool_call,
+    ev.ToolResult: _tool_result,
+    ev.RetryScheduled: _retry,
+    ev.WaitStarted: _wait_started,
+    ev.WaitFinished: _wait_finished,
+    ev.WaitTimedOut: _wait_timed_out,
+    ev.ClarificationRequested: _question,
+    ev.DecisionRejected: _decision_rejected,
+    ev.ErrorRaised: _error,
+    ev.FinalAnswer: _final_answer,
+    ev.ThreadCancelled: _cancelled,
+}
+
+
+def answer_blocks(
+    text: str,
+    thread_id: str,
+    max_blocks: int = MAX_MESSAGE_BLOCKS,
+    people: People = frozenset(),
+) -> list[Block]:
+    """The model's text as mrkdwn sections: split over 3000 characters, at most
+    ``max_blocks`` of them, the last one pointing to the trace when cut.
+
+    ``people``: the thread's user ids, named as mentions where the text has their id."""
+    shown = for_people(escape(text.strip()), people)
+    chunks = md.split_text(shown, MAX_TEXT) or ["_(empty answer)_"]
+    if len(chunks) > max_blocks:
+        chunks = chunks[:max_blocks]
+        last = truncate(chunks[-1], MAX_TEXT - 300)
+        if last.count("```") % 2:  # the cut dropped the chunk's closing fence
+            last += "\n```"
+        chunks[-1] = f"{last}\n{md.trace_pointer(thread_id)}"
+    return [section(c) for c in chunks]

@@ -1,0 +1,193 @@
+"""The approval card: its structure, the rule and the votes it shows, and its decided form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot import limits
+from bot import mrkdwn as md
+from bot.render.approval import Votes, approval_card, decided_card, rule_text
+from bot.render.common import Binding, parse_binding
+from tests.bot.render.support import (
+    CALL_ID,
+    EVIL,
+    HASH,
+    LATER,
+    NOW,
+    REQUESTER,
+    REVIEWER,
+    THREAD,
+    all_text,
+    card_inputs,
+    find,
+    pending,
+    requested,
+    ruled_call,
+)
+
+
+def test_arguments_show_bidi_tricks_instead_of_obeying_them() -> None:
+    blocks = approval_card(**card_inputs(arguments={"amount": "\u202e0005"}))
+    assert '"amount": "\\u202e0005"' in blocks[2]["text"]["text"]
+
+
+def test_approval_card_structure() -> None:
+    blocks = approval_card(**card_inputs())
+    assert [blk["type"] for blk in blocks] == [
+        "header",
+        "section",
+        "section",
+        "section",
+        "context",
+        "actions",
+    ]
+    header, who, arguments, why, expiry, actions = blocks
+    assert header["text"] == {
+        "type": "plain_text",
+        "text": "Approval needed: refund_customer",
+        "emoji": True,
+    }
+    assert who["fields"][0]["text"] == f"*Requested by*\n<@{REQUESTER}>"
+    assert who["fields"][1]["text"] == "*Tool*\n*refund_customer*"
+    assert arguments["text"]["text"] == (
+        '*Arguments*\n```\n{\n  "amount_cents": 500,\n  "order_id": "A-1"\n}\n```'
+    )
+    assert why["text"]["text"] == "*Why*\nCustomer asked for it"
+    assert md.date(LATER) in expiry["elements"][0]["text"]
+    assert f"`{CALL_ID}`" in expiry["elements"][0]["text"]
+    assert actions["block_id"] == f"opsloop_approval:{CALL_ID}"
+    approve, reject = actions["elements"]
+    assert (approve["action_id"], approve["style"], approve["text"]["text"]) == (
+        "opsloop_approve",
+        "primary",
+        "Approve",
+    )
+    assert (reject["action_id"], reject["style"], reject["text"]["text"]) == (
+        "opsloop_reject",
+        "danger",
+        "Reject",
+    )
+    assert approve["confirm"]["confirm"]["text"] == "Approve"
+    assert approve["confirm"]["title"]["text"] == "Run refund_customer?"
+    assert "confirm" not in reject  # reject opens the reason modal instead
+    for button in (approve, reject):
+        assert json.loads(button["value"]) == {"t": THREAD, "c": CALL_ID, "h": HASH}
+        assert parse_binding(button["value"]) == Binding(THREAD, CALL_ID, HASH)
+        assert " " not in button["value"]  # compact
+    assert limits.check_limits(blocks) == []
+
+
+def test_approval_card_from_a_pending_call_uses_its_hash() -> None:
+    blocks = approval_card(
+        thread_id=THREAD, requester=REQUESTER, call=pending(), reason="", expires_at=LATER
+    )
+    assert parse_binding(blocks[-1]["elements"][0]["value"]).arguments_hash == HASH
+    assert "_The model gave no reason._" in blocks[3]["text"]["text"]
+
+
+def test_approval_card_without_a_hash_is_refused() -> None:
+    with pytest.raises(ValueError, match="arguments hash"):
+        approval_card(
+            thread_id=THREAD, requester=REQUESTER, call=requested(), reason="", expires_at=LATER
+        )
+
+
+def test_approval_card_shows_long_arguments_cut_with_a_pointer_to_the_trace() -> None:
+    blocks = approval_card(**card_inputs(arguments={"blob": "x" * 100_000}))
+    text = blocks[2]["text"]["text"]
+    assert len(text) <= limits.MAX_TEXT
+    assert text.endswith(f"```\n… (truncated; full text: `opsloop trace {THREAD}`)")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "by", "title", "line"),
+    [
+        # Slack renders the date as "today at 6:25 PM": no "at" before it (issue 8).
+        ("approved", REVIEWER, "Approved: refund_customer", f"✅ Approved by <@{REVIEWER}> <!date"),
+        ("rejected", REVIEWER, "Rejected: refund_customer", f"❌ Rejected by <@{REVIEWER}> <!date"),
+        ("expired", None, "Approval expired: refund_customer", "⌛ Expired <!date"),
+        ("withdrawn", REQUESTER, "Withdrawn: refund_customer", "↩️ Withdrawn <!date"),
+        ("cancelled", REQUESTER, "Cancelled: refund_customer", f"🚫 Cancelled by <@{REQUESTER}>"),
+        ("cancelled", None, "Cancelled: refund_customer", "🚫 Cancelled <!date"),
+    ],
+)
+def test_decided_card_has_no_buttons_and_names_who_and_when(
+    outcome: str, by: str | None, title: str, line: str
+) -> None:
+    blocks = decided_card(**card_inputs(), outcome=outcome, by=by, at=NOW)
+    assert not find(blocks, "actions")
+    assert "opsloop_approve" not in json.dumps(blocks)
+    assert blocks[0]["text"]["text"] == title
+    outcome_text = blocks[-1]["text"]["text"]
+    assert outcome_text.startswith(line)
+    assert md.date(NOW) in outcome_text
+    assert blocks[1:4] == approval_card(**card_inputs())[1:4]  # same audit record
+    assert limits.check_limits(blocks) == []
+
+
+def test_decided_card_carries_the_reject_reason_escaped() -> None:
+    blocks = decided_card(
+        **card_inputs(), outcome="rejected", by=REVIEWER, at=NOW, decision_reason="no <@U1>"
+    )
+    assert blocks[-1]["text"]["text"].endswith(" — no &lt;@U1&gt;")
+
+
+def test_our_own_mentions_do_appear() -> None:
+    dumped = json.dumps(approval_card(**card_inputs(EVIL)))
+    assert f"<@{REQUESTER}>" in dumped
+
+
+def test_a_requester_that_is_not_a_user_id_is_escaped() -> None:
+    inputs = card_inputs() | {"requester": "<!everyone>"}
+    fields = approval_card(**inputs)[1]["fields"]
+    assert fields[0]["text"] == "*Requested by*\n&lt;!everyone&gt;"
+
+
+def test_the_card_names_the_rule_that_decided_and_who_may_approve() -> None:
+    call = requested("deploy", rule=2, approvers=(REVIEWER, "S0GROUP01"), quorum=2)
+    # Named in sorted order, whatever order the event holds them in (the runner sorts).
+    assert rule_text(call) == f"📜 rule 3: needs 2 of <!subteam^S0GROUP01> and <@{REVIEWER}>"
+    anyone = requested("deploy", rule=0, approvers=(), quorum=1)
+    assert rule_text(anyone) == "📜 rule 1: needs 1 approval, from anyone but the requester"
+    oncall = requested("deploy", rule=4, approvers=("oncall:PXYZ123",), allow_self=True)
+    text = rule_text(oncall) or ""
+    assert text.startswith("📜 rule 5: needs 1 of whoever is on call (PXYZ123)")
+    assert "(the requester may approve too)" in text
+    assert "not connected yet" in text  # an on-call entry matches nobody for now
+    # A call from before policy files shows no rule line.
+    assert rule_text(requested()) is None
+    assert "📜" not in all_text(approval_card(**card_inputs()))
+
+
+def test_an_open_quorum_card_shows_its_progress_and_the_policy_hash() -> None:
+    inputs = card_inputs() | {"call": ruled_call("x", "deploy", {"env": "production"})}
+    fresh = approval_card(**inputs)
+    assert "🗳️ 0 of 2 approvals so far" in all_text(fresh)
+    voted = approval_card(**inputs, votes=Votes((REVIEWER,), 2))
+    text = all_text(voted)
+    assert f"🗳️ 1 of 2: <@{REVIEWER}>" in text
+    assert "rule 3: needs 2 of" in text
+    assert f"policy `{'ab' * 6}`" in text
+    assert voted[-1]["type"] == "actions"  # still open: the buttons stay
+    confirm = voted[-1]["elements"][0]["confirm"]["text"]["text"]
+    assert confirm.startswith("opsloop runs")  # this vote is the last one needed
+    assert "one of the 2" in fresh[-1]["elements"][0]["confirm"]["text"]["text"]
+    assert limits.check_limits(voted) == []
+
+
+def test_the_approved_quorum_card_names_every_approver() -> None:
+    inputs = card_inputs() | {"call": ruled_call("x")}
+    carol = "U0CAROL001"
+    blocks = decided_card(
+        **inputs, outcome="approved", by=carol, at=NOW, votes=Votes((REVIEWER, carol), 2)
+    )
+    assert blocks[-1]["text"]["text"].startswith(
+        f"✅ Approved by <@{REVIEWER}> and <@{carol}> <!date^"
+    )
+    assert all(blk["type"] != "actions" for blk in blocks)
+    rejected = decided_card(
+        **inputs, outcome="rejected", by=carol, at=NOW, votes=Votes((REVIEWER,), 2)
+    )
+    assert f"(after approvals by <@{REVIEWER}>)" in rejected[-1]["text"]["text"]

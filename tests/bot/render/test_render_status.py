@@ -1,0 +1,76 @@
+"""The thread's status message: what it says in each status, and its Cancel button."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot import limits
+from bot import mrkdwn as md
+from bot.render.status import CANCEL_ACTION, status_message, status_text
+from engine.state import ThreadState
+from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending, state, wait_info
+
+
+@pytest.mark.parametrize(
+    ("s", "text", "cancel"),
+    [
+        (state("new"), "⚙️ Working…", False),  # the engine cannot cancel a new thread
+        (state("running"), "⚙️ Working…", True),
+        (
+            state("awaiting_approval", pending=pending()),
+            f"⏸️ Waiting for approval from <@{REVIEWER}>, <!subteam^S0GROUP01> "
+            f"to run *refund_customer* (expires {md.date(LATER)})",
+            True,
+        ),
+        (
+            state("awaiting_reply"),
+            f"💬 Waiting for your reply, <@{REQUESTER}>: answer in this thread",
+            True,
+        ),
+        (
+            state("awaiting_job", pending=pending("waiting", wait=wait_info())),
+            f"⏳ Waiting for job: deploy job 42 (gives up {md.date(LATER)})",
+            True,
+        ),
+        (state("sleeping", model_retry_at=LATER), f"🔁 Retrying {md.date(LATER)}", True),
+        (state("idle"), "✅ Done", False),
+        (state("failed"), "⚠️ Failed: needs a human", False),
+        (state("cancelled"), "🚫 Cancelled", False),
+    ],
+    ids=lambda v: v.status if isinstance(v, ThreadState) else None,
+)
+def test_status_message(s: ThreadState, text: str, cancel: bool) -> None:
+    blocks = status_message(s, THREAD, approvers=[REVIEWER, "S0GROUP01"])
+    assert blocks[0]["text"]["text"] == text
+    assert ("accessory" in blocks[0]) is cancel
+    if cancel:
+        button = blocks[0]["accessory"]
+        assert (button["action_id"], button["value"], button["style"]) == (
+            "opsloop_cancel",
+            THREAD,
+            "danger",
+        )
+        assert button["confirm"]["confirm"]["text"] == "Cancel thread"
+    assert f"`opsloop trace {THREAD}`" in blocks[1]["elements"][0]["text"]
+    assert limits.check_limits(blocks) == []
+
+
+def test_status_without_approvers_asks_for_a_reviewer() -> None:
+    blocks = status_message(state("awaiting_approval", pending=pending()), THREAD)
+    assert blocks[0]["text"]["text"].startswith("⏸️ Waiting for approval from a reviewer")
+
+
+def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> None:
+    unknown = state("awaiting_reconcile", pending=pending("unknown", intent="restart"))
+    text = status_text(unknown, [REVIEWER])
+    assert text.startswith("❓ *restart* was interrupted: waiting for")
+    assert f"<@{REVIEWER}>" in text
+    quorum = state(
+        "awaiting_approval",
+        pending=pending(approvers=("S0GROUP01",), quorum=2, votes=(REVIEWER,)),
+    )
+    text = status_text(quorum, [REVIEWER])  # the call's own approvers win
+    assert "<!subteam^S0GROUP01>" in text and f"<@{REVIEWER}>" not in text
+    assert text.endswith(", 1 of 2 so far")
+    blocks = status_message(unknown, THREAD)
+    assert blocks[0]["accessory"]["action_id"] == CANCEL_ACTION  # cancellable
