@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,7 @@ from bot.listeners.deps import Background, Deps, Identity, Kick, SlackUnavailabl
 from bot.names import Names
 from bot.refusals import INVALID_BUTTON
 from bot.reviewers import Reviewers
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.store import Store
 
 __all__ = ["INVALID_BUTTON", "SlackUnavailable", "build_app", "drain", "handle_slack_request"]
@@ -76,20 +77,31 @@ async def drain(app: AsyncApp, timeout: float = DRAIN_TIMEOUT_S) -> None:  # noq
         task.cancel()
 
 
-async def handle_slack_request(app: AsyncApp, request: web.Request) -> web.Response:
+async def handle_slack_request(
+    app: AsyncApp,
+    request: web.Request,
+    answering: Callable[[], AbstractContextManager[object]] = nullcontext,
+) -> web.Response:
     """``POST /slack/events`` for aiohttp: events, interactivity and slash commands.
 
     In order, each refusal one log line: the whole body up to ``MAX_BODY`` (413), its
     signature on the raw bytes (401: missing, repeated, malformed, stale or wrong), its
     shape as Bolt reads it (400: not UTF-8, not a JSON object, fields of the wrong
     type). Then Bolt's answer: 2xx, or 500 when storing failed (Slack retries).
+    ``answering`` brackets all but the reading of the body, so a sender that trickles its
+    body does not hold back what waits for answers to finish (the worker).
     """
-    door = _DOORS[app]
     try:
         raw = await read_body(request, MAX_BODY)
     except BodyTooLarge:
         log.info("refused a Slack request: body over %d bytes", MAX_BODY)
         return web.json_response({"error": "body too large"}, status=413)
+    with answering():
+        return await _answer(app, request, raw)
+
+
+async def _answer(app: AsyncApp, request: web.Request, raw: bytes) -> web.Response:
+    door = _DOORS[app]
     why = signing.check(
         door.signing_secret,
         request.headers,
@@ -122,7 +134,7 @@ def build_app(
     token: str,
     signing_secret: str,
     client: AsyncWebClient | None = None,
-    approvers: ApproverPolicy,
+    reviewers: ReviewerRule,
     kick: Kick,
     groups: Reviewers | None = None,
 ) -> AsyncApp:
@@ -153,5 +165,5 @@ def build_app(
         groups = Reviewers(app.client)
     background = Background()
     _DOORS[app] = _Door(signing_secret, background)
-    register(app, Deps(store, approvers, kick, groups, Names(app.client), background, identity))
+    register(app, Deps(store, reviewers, kick, groups, Names(app.client), background, identity))
     return app

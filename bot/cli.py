@@ -39,8 +39,6 @@ from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_args
 
-import sqlalchemy as sa
-
 from engine.config import Settings, load_settings
 from engine.config_file import ConfigFile, load_config_file
 from engine.db import DatabaseConfig, parse_database_url
@@ -49,7 +47,7 @@ from engine.events import AnyEvent
 from engine.logs import KeyValueFormatter as KeyValueFormatter  # re-exported (tests)
 from engine.logs import configure_logging
 from engine.state import Status
-from engine.store import Store, ThreadInfo
+from engine.store import Store, ThreadInfo, open_store
 from engine.trace import (
     format_usage,
     thread_record,
@@ -140,14 +138,13 @@ def _check_sqlite_file(config: DatabaseConfig) -> None:
 
 async def _open_store(settings: Settings) -> Store:
     """The store of a command that only reads: an existing opsloop database, never a new
-    one (Store.open would create a missing SQLite file and its tables)."""
+    one (open_store would create a missing SQLite file and its tables)."""
     url = settings.database_url
     config = parse_database_url(url)
     _check_sqlite_file(config)
-    store = await Store.open(url, create=False, pool_size=2)
+    store = await open_store(url, create=False, pool_size=2)
     try:
-        async with store.engine.connect() as conn:
-            found = await conn.run_sync(lambda c: sa.inspect(c).has_table("threads"))
+        found = await store.has_schema()
     except BaseException:
         await store.close()
         raise
@@ -482,7 +479,7 @@ async def _run_until_signalled(serving: Callable[[], AbstractAsyncContextManager
     return 0
 
 
-def _bind(command: str, host: str, port: int) -> socket.socket:
+def _bind(command: str, host: str, port: int, variable: str = "PORT") -> socket.socket:
     """The listening socket, before anything starts: a busy port is one line."""
     from bot.runtime import bind
 
@@ -491,16 +488,22 @@ def _bind(command: str, host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise CliError(
             f"{PROG} {command}: cannot listen on {host}:{port}: {exc.strerror or exc} "
-            "(set PORT to another port)"
+            f"(set {variable} to another port)"
         ) from None
 
 
 @contextlib.asynccontextmanager
 async def _http(
-    settings: Settings, config: ConfigFile | None, sock: socket.socket
+    settings: Settings,
+    config: ConfigFile | None,
+    sock: socket.socket,
+    metrics_sock: socket.socket | None = None,
 ) -> AsyncIterator[None]:
+    """Serve on ``sock``; ``/metrics`` on ``metrics_sock`` alone when there is one."""
     from aiohttp import web
 
+    from bot.health import make_metrics_app
+    from bot.http_limits import limited_runner
     from bot.runtime import start_runtime, web_app
 
     runtime = await start_runtime(
@@ -509,18 +512,30 @@ async def _http(
         signing_secret=settings.slack.signing_secret,
         config=config,
     )
-    web_runner = web.AppRunner(web_app(runtime), handle_signals=False, access_log=None)
+    sites = [(web_app(runtime, metrics=metrics_sock is None), sock)]
+    if metrics_sock is not None:
+        sites.append((make_metrics_app(runtime.store), metrics_sock))
+    # Slow senders are closed, not held (settings.http; bot.http_limits).
+    runners = [
+        limited_runner(app, settings.http, handle_signals=False, access_log=None)
+        for app, _ in sites
+    ]
     try:
-        await web_runner.setup()
-        await web.SockSite(web_runner, sock).start()
+        for runner, (_, listening) in zip(runners, sites, strict=True):
+            await runner.setup()
+            await web.SockSite(runner, listening).start()
         runtime.start()
         host, port = sock.getsockname()[:2]
         log.info("serving on http://%s:%d (/healthz, /slack/events, /hooks/…)", host, port)
+        if metrics_sock is not None:
+            host, port = metrics_sock.getsockname()[:2]
+            log.info("metrics on http://%s:%d/metrics (not on the main port)", host, port)
         yield
     finally:
         # Stop taking requests first, then let running threads reach a boundary.
-        with contextlib.suppress(Exception):
-            await web_runner.cleanup()
+        for runner in runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
         await runtime.close(SHUTDOWN_TIMEOUT_S)
 
 
@@ -563,12 +578,19 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
         raise CliError(f"{PROG} serve: set {_and(missing)} (see README: Configuration)")
     host, port = _listen_address(settings)
     sock = _bind("serve", host, port)
-    configure_logging(logging.INFO, secrets_of(settings, config), settings.log_format)
+    metrics_sock = None
     try:
+        if settings.metrics_port is not None:
+            metrics_sock = _bind("serve", host, settings.metrics_port, "OPSLOOP_METRICS_PORT")
+        configure_logging(logging.INFO, secrets_of(settings, config), settings.log_format)
         _prepare_schema(settings)
-        return asyncio.run(_run_until_signalled(lambda: _http(settings, config, sock)))
+        return asyncio.run(
+            _run_until_signalled(lambda: _http(settings, config, sock, metrics_sock))
+        )
     finally:
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
 
 
 # --- local --------------------------------------------------------------------------
@@ -581,7 +603,7 @@ LOCAL_TOOLS = "tools.builtin,tools.demo"
 async def _local(
     settings: Settings, config: ConfigFile | None, sock: socket.socket
 ) -> AsyncIterator[None]:
-    from bot.local.server import choose_model, start_local
+    from bot.local_mode import choose_model, start_local
 
     make_model, kind, suggestions = choose_model(settings.model)
     local = await start_local(
@@ -750,13 +772,16 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
+    """Load what ``serve`` loads, by the same code, short of connecting to MCP servers:
+    the settings and the file, the tool modules it names, its HTTP actions."""
+    from bot.configured import check_loading
+
     env = _environment()
-    config = load_config_file(args.file, env)
+    settings, config = load_configuration(env, path=args.file)
+    asyncio.run(check_loading(settings, config))
     if config is None:
         print("no configuration file (OPSLOOP_CONFIG, ./opsloop.yaml): the environment alone")
-        load_settings(env)
         return 0
-    load_settings(env, file=config.env_values())
     name = args.file or env.get("OPSLOOP_CONFIG", "").strip() or "opsloop.yaml"
     tools = config.tools
     print(

@@ -62,14 +62,13 @@ class Finding:
         else:
             changes.append(f"{new.policy} ({_rule(new.rule)})")
         needs_approval = "approve_before_run" in (call.policy, new.policy)
-        if (
-            needs_approval
-            and call.approvers is not None
-            and frozenset(call.approvers) != new.approvers
-        ):
-            changes.append(f"approvers {_people(call.approvers)} -> {_people(new.approvers)}")
-        if needs_approval and call.quorum != new.quorum:
-            changes.append(f"quorum {call.quorum} -> {new.quorum}")
+        old = call.reviewers
+        if needs_approval and old is not None and old.approvers != new.reviewers.approvers:
+            changes.append(
+                f"approvers {_people(old.approvers)} -> {_people(new.reviewers.approvers)}"
+            )
+        if needs_approval and call.quorum != new.reviewers.quorum:
+            changes.append(f"quorum {call.quorum} -> {new.reviewers.quorum}")
         return (
             f"{self.thread.id} seq={call.seq} {call.intent}: {', '.join(changes)}: "
             f"{self.comparison}"
@@ -105,9 +104,10 @@ def differs(call: ev.ToolCallRequested, new: RuleDecision) -> bool:
         return True
     if new.policy != "approve_before_run":
         return False
+    old = call.reviewers
     return (
-        call.approvers is not None and frozenset(call.approvers) != new.approvers
-    ) or call.quorum != new.quorum
+        old is not None and old.approvers != new.reviewers.approvers
+    ) or call.quorum != new.reviewers.quorum
 
 
 def check_call(
@@ -124,7 +124,22 @@ def check_call(
     new = policy.decide(facts, call.arguments, thread.channel)
     if not differs(call, new):
         return None
-    return Finding(thread, call, new, compare(call, new))
+    return Finding(thread, call, new, compare(recorded(call, new), new))
+
+
+def recorded(call: ev.ToolCallRequested, new: RuleDecision) -> RuleDecision:
+    """The decision ``call`` records, for comparing with ``new``. What a call does not
+    record (its expiry and grant, its reviewers in logs from before they were recorded,
+    whether the tool's own idempotency was overridden) is taken from ``new``, so it
+    compares as unchanged."""
+    return RuleDecision(
+        policy=call.policy,
+        reviewers=call.reviewers or new.reviewers,
+        reason=call.reason,
+        expires_in_s=new.expires_in_s,
+        max_grant_s=new.max_grant_s,
+        idempotent=None if new.idempotent is None else call.idempotent,
+    )
 
 
 async def check_threads(

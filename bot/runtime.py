@@ -29,7 +29,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.app import build_app, drain, handle_slack_request
-from bot.configured import close_sources, open_sources, policy_set, tool_sources
+from bot.configured import close_sources, load_tools_of, open_sources, policy_set
 from bot.delivery import Delivery
 from bot.health import make_health_app
 from bot.hooks import add_hook_route
@@ -45,8 +45,8 @@ from engine.models.base import Model
 from engine.rules import PolicySet
 from engine.runner import Runner, worker_id
 from engine.scheduler import Worker
-from engine.store import Store
-from tools import REGISTRY, ToolRegistry, load_tools
+from engine.store import Store, open_store
+from tools import ToolRegistry
 from tools.loader import close_tools
 from tools.sources import ToolSource
 
@@ -169,7 +169,7 @@ async def _background(
     try:
         await open_sources(sources, tools)
         try:
-            store = await Store.open(settings.database_url, origin=owner)
+            store = await open_store(settings.database_url, origin=owner)
         except BaseException:
             await close_sources(sources)
             raise
@@ -187,7 +187,7 @@ async def _background(
         store,
         client,
         owner=f"{owner}/delivery",
-        approvers=sorted(settings.approvers.approvers),
+        approvers=sorted(settings.reviewers.approvers),
         lease_ttl=settings.runner.lease_ttl_s,
     )
     runner = Runner(
@@ -275,9 +275,9 @@ async def start_runtime(
     ConfigError / ToolLoadError / StoreUnavailable before anything runs. ``config``: the
     opsloop.yaml read at startup (its tool sources and policy). ``make_model`` (called
     on the worker loop) replaces Claude (``opsloop local``'s offline model)."""
-    modules = load_tools(settings.tool.modules, settings=settings.tool)
-    tools = REGISTRY.copy()  # this process's: the sources' tools join the modules' here
-    sources = tool_sources(config)
+    loaded = load_tools_of(settings, config)  # as `opsloop config check` loads them
+    # This process's registry: the sources' tools join the modules' in it when opened.
+    tools, sources, modules = loaded.tools, loaded.sources, loaded.modules
     policy = policy_set(settings, config)
     # The serving thread gets the interpreter within 1 ms of wanting it (default 5 ms)
     # while the worker thread computes: each database answer is such a hand-over.
@@ -304,7 +304,7 @@ async def start_runtime(
         raise
     try:
         # The worker's origin: what the listeners append, they kick it for (engine.store).
-        store = await Store.open(settings.database_url, origin=owner)
+        store = await open_store(settings.database_url, origin=owner)
     except BaseException:
         await thread.run(background.close(1))
         await thread.stop()
@@ -333,20 +333,20 @@ async def start_runtime(
         token=token,
         signing_secret=signing_secret,
         client=client,
-        approvers=settings.approvers,
+        reviewers=settings.reviewers,
         kick=kick,
         groups=Reviewers(client),
     )
     return Runtime(store, client, bolt, thread, background, priority, kick, settings, tools, http)
 
 
-def web_app(runtime: Runtime) -> web.Application:
-    """``GET /healthz``, ``POST /slack/events`` (Bolt) and ``POST /hooks/{wait_id}``."""
-    app = make_health_app(runtime.store)
+def web_app(runtime: Runtime, *, metrics: bool = True) -> web.Application:
+    """``GET /healthz``, ``POST /slack/events`` (Bolt) and ``POST /hooks/{wait_id}``, and
+    ``GET /metrics`` unless it has a port of its own (``metrics`` false)."""
+    app = make_health_app(runtime.store, metrics=metrics)
 
     async def slack_events(request: web.Request) -> web.Response:
-        with runtime.answering():
-            return await handle_slack_request(runtime.bolt, request)
+        return await handle_slack_request(runtime.bolt, request, runtime.answering)
 
     app.router.add_post("/slack/events", slack_events)
     secret = runtime.settings.slack.webhook_secret or None

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.db import DEFAULT_DATABASE_URL, parse_database_url
 from engine.errors import ConfigError
 from engine.logs import LOG_FORMATS, LogFormat
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 DEFAULT_MODEL = "claude-sonnet-5-5"
@@ -33,6 +33,9 @@ DEFAULT_PORT = 3000
 _SLACK_ID = re.compile(r"^(?:[UWS][A-Z0-9]{2,}|oncall:[A-Z0-9]{2,})$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+
+
+_YEAR_S = 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -86,18 +89,35 @@ class ToolSettings:
 
 
 @dataclass(frozen=True)
+class HttpSettings:
+    """How long the HTTP server waits for a request's parts (``bot.http_limits``): a
+    sender slower than this is closed, not held."""
+
+    # The request line and headers, from the connection or the previous answer (so an
+    # idle keep-alive connection closes then too).
+    header_timeout_s: float = 10.0
+    # The whole body (up to 1 MB), from the end of the headers.
+    body_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     # serve, socket and local migrate an older schema at start instead of refusing.
     auto_migrate: bool = False
-    approvers: ApproverPolicy = field(default_factory=lambda: ApproverPolicy(frozenset()))
+    # Who may decide a call no rule names reviewers for (OPSLOOP_APPROVERS, …).
+    reviewers: ReviewerRule = field(default_factory=ReviewerRule)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     sweep_seconds: float = 1.0
     slack: SlackSettings = field(default_factory=SlackSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     tool: ToolSettings = field(default_factory=ToolSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
     host: str | None = None  # None: the command's default (serve 0.0.0.0, local 127.0.0.1)
     port: int = DEFAULT_PORT
+    # OPSLOOP_METRICS_PORT: `opsloop serve` answers /metrics there only (same host), so a
+    # proxy in front of PORT never exposes it; None: /metrics beside /healthz on PORT.
+    metrics_port: int | None = None
     local_state: str | None = None
     log_format: LogFormat = "logfmt"  # OPSLOOP_LOG_FORMAT: logfmt lines, or JSON lines
 
@@ -120,9 +140,12 @@ class _Environment(BaseModel):
     approvers: str = Field("", alias="OPSLOOP_APPROVERS")
     allow_self: str = Field("false", alias="OPSLOOP_ALLOW_SELF_APPROVAL")
     auto_migrate: str = Field("false", alias="OPSLOOP_AUTO_MIGRATE")
-    lease_s: float = Field(RunnerConfig.lease_ttl_s, ge=1, alias="OPSLOOP_LEASE_SECONDS")
+    lease_s: float = Field(
+        RunnerConfig.lease_ttl_s, ge=1, le=_YEAR_S, alias="OPSLOOP_LEASE_SECONDS"
+    )
+    # Bounded: a deadline past the calendar overflowed every decision that computed it.
     approval_ttl_s: float = Field(
-        RunnerConfig.approval_ttl_s, ge=1, alias="OPSLOOP_APPROVAL_TTL_SECONDS"
+        RunnerConfig.approval_ttl_s, ge=1, le=_YEAR_S, alias="OPSLOOP_APPROVAL_TTL_SECONDS"
     )
     max_rejections: int = Field(RunnerConfig.max_rejections, ge=1, alias="OPSLOOP_MAX_REJECTIONS")
     max_tool_attempts: int = Field(
@@ -153,6 +176,13 @@ class _Environment(BaseModel):
     demo_url: str | None = Field(None, alias="OPSLOOP_DEMO_URL")
     host: str | None = Field(None, alias="OPSLOOP_HOST")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, alias="PORT")
+    header_timeout_s: float = Field(
+        HttpSettings.header_timeout_s, ge=0.1, alias="OPSLOOP_HEADER_TIMEOUT_SECONDS"
+    )
+    body_timeout_s: float = Field(
+        HttpSettings.body_timeout_s, ge=0.1, alias="OPSLOOP_BODY_TIMEOUT_SECONDS"
+    )
+    metrics_port: int | None = Field(None, ge=1, le=65535, alias="OPSLOOP_METRICS_PORT")
     local_state: str | None = Field(None, alias="OPSLOOP_LOCAL_STATE")
     log_format: str = Field("logfmt", alias="OPSLOOP_LOG_FORMAT")
 
@@ -246,6 +276,8 @@ def load_settings(
         raw = _Environment.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
+    if raw.metrics_port is not None and raw.metrics_port == raw.port:
+        raise ConfigError(f"OPSLOOP_METRICS_PORT must differ from PORT, not {raw.port}")
     return _settings(raw)
 
 
@@ -254,8 +286,9 @@ def _settings(raw: _Environment) -> Settings:
     return Settings(
         database_url=raw.database_url,
         auto_migrate=raw.auto_migrate in _TRUE,
-        approvers=ApproverPolicy(
-            frozenset(a for a in raw.approvers.split(",") if a), raw.allow_self in _TRUE
+        reviewers=ReviewerRule(
+            approvers=frozenset(a for a in raw.approvers.split(",") if a),
+            allow_self=raw.allow_self in _TRUE,
         ),
         runner=RunnerConfig(
             lease_ttl_s=raw.lease_s,
@@ -288,17 +321,13 @@ def _settings(raw: _Environment) -> Settings:
             tickets_url=raw.tickets_url or raw.database_url,
             demo_url=raw.demo_url or raw.database_url,
         ),
+        http=HttpSettings(header_timeout_s=raw.header_timeout_s, body_timeout_s=raw.body_timeout_s),
         host=raw.host,
         port=raw.port,
+        metrics_port=raw.metrics_port,
         local_state=raw.local_state,
         log_format=cast(LogFormat, raw.log_format),
     )
-
-
-def approver_policy(env: Mapping[str, str]) -> ApproverPolicy:
-    """Only the reviewer rule, from ``OPSLOOP_APPROVERS`` / ``OPSLOOP_ALLOW_SELF_APPROVAL``."""
-    names = ("OPSLOOP_APPROVERS", "OPSLOOP_ALLOW_SELF_APPROVAL")
-    return load_settings({k: v for k, v in env.items() if k in names}).approvers
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:

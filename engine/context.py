@@ -215,6 +215,12 @@ def _approval_expired(conv: _Conversation, e: ev.ApprovalExpired, version: str) 
     conv.answer(e.tool_call_id, "Nobody approved this call in time.", error=True)
 
 
+def _approval_withdrawn(conv: _Conversation, e: ev.ApprovalWithdrawn, version: str) -> None:
+    conv.answer(
+        e.tool_call_id, f"Not run: withdrawn before anyone decided ({e.reason}).", error=True
+    )
+
+
 def _tool_result(conv: _Conversation, e: ev.ToolResult, version: str) -> None:
     if e.ok:
         conv.answer(e.tool_call_id, _json(e.output, e))
@@ -258,6 +264,7 @@ PROJECTIONS: dict[type[ev.Event], Callable[[_Conversation, Any, str], None]] = {
     ev.ToolCallRequested: _tool_call_requested,
     ev.ApprovalRejected: _approval_rejected,
     ev.ApprovalExpired: _approval_expired,
+    ev.ApprovalWithdrawn: _approval_withdrawn,
     ev.ToolResult: _tool_result,
     ev.ReconcileDecided: _reconcile_decided,
     ev.WaitFinished: _wait_finished,

@@ -25,9 +25,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from engine.errors import InvalidEvent
+from engine.reviewers import ReviewerRule
 
 Actor = str  # a Slack user id (U…/W…), "model", "tool" or "system"
 JsonDict = dict[str, Any]
@@ -64,7 +73,7 @@ class Facts:
     """What holds for every event of a type, declared once on its class.
 
     ``input``: a person or another system feeds it in and the runner reacts to it.
-    ``people``: how the thread shows it (bot.blocks renders the lines). ``model``: the
+    ``people``: how the thread shows it (bot.render.lines renders the lines). ``model``: the
     prompt projection shows it to the model (engine.context has its branch).
     ``summary``: its place in a compaction summary (engine.compaction).
     """
@@ -209,6 +218,32 @@ class ToolCallRequested(Event):
     quorum: int = Field(default=1, ge=1)
     allow_self: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _spread_reviewers(cls, data: Any) -> Any:
+        """``reviewers=ReviewerRule(...)`` is stored as the flat fields logs have always
+        held (``rule``, ``approvers`` sorted, ``quorum``, ``allow_self``)."""
+        if isinstance(data, dict) and isinstance(data.get("reviewers"), ReviewerRule):
+            data = dict(data)
+            r: ReviewerRule = data.pop("reviewers")
+            data |= {
+                "rule": r.rule,
+                "approvers": tuple(sorted(r.approvers)),
+                "quorum": r.quorum,
+                "allow_self": r.allow_self,
+            }
+        return data
+
+    @property
+    def reviewers(self) -> ReviewerRule | None:
+        """Who may decide the call (None: a call from before this was recorded, which the
+        process's default rule decides)."""
+        if self.approvers is None:
+            return None
+        return ReviewerRule(
+            frozenset(self.approvers), self.quorum, bool(self.allow_self), self.rule
+        )
+
 
 class ApprovalRequested(Event):
     type: Literal["approval_requested"] = "approval_requested"
@@ -245,6 +280,18 @@ class ApprovalRefused(Event):
     facts = Facts(input=True, people="nothing", model=False, summary="omitted")
     tool_call_id: str | None = None
     decision: RefusedDecision
+    reason: str
+
+
+class ApprovalWithdrawn(Event):
+    """The requester wrote again while their call waited for a reviewer: the card no
+    longer stands (a click on it is refused) and the model decides again, the new
+    message in view. Appended with that message, in its transaction; the actor is the
+    requester."""
+
+    type: Literal["approval_withdrawn"] = "approval_withdrawn"
+    facts = Facts(input=True, people="card", model=True, summary="step")
+    tool_call_id: str
     reason: str
 
 
@@ -391,6 +438,7 @@ AnyEvent = Annotated[
     | ApprovalGranted
     | ApprovalRejected
     | ApprovalRefused
+    | ApprovalWithdrawn
     | ApprovalExpired
     | ToolStarted
     | ToolResult

@@ -12,7 +12,7 @@ reconcile buttons, cancel) goes through it, and so does the decision itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,9 +20,9 @@ from typing import Any
 from engine import events as ev
 from engine.errors import ThreadNotFound
 from engine.events import utcnow
-from engine.policy import ApproverPolicy
 from engine.policy import arguments_hash as call_hash
 from engine.retrying import retrying
+from engine.reviewers import ReviewerRule
 from engine.state import PendingCall, ThreadState
 from engine.store import Store, ThreadKey
 from tools.output import storable
@@ -59,6 +59,20 @@ class Decider:
     # Called with a call's approver groups when ``groups`` may not cover them (a rule's
     # own approvers); None: ``groups`` is all there is.
     resolve: GroupResolver | None = None
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """One person's decision on a thread, as a front door hands it in: which call (None
+    for a cancel), with which arguments (the card's hash), deduplicated by the click."""
+
+    thread_id: str
+    decider: Decider
+    decision: ev.RefusedDecision
+    tool_call_id: str | None = None
+    arguments_hash: str | None = None
+    dedupe_key: str | None = None
+    now: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -108,25 +122,41 @@ async def post_user_message(
 ) -> Accepted:
     """A person wrote in the thread at ``key``, created if new (``ThreadNotFound``
     instead, writing nothing, when ``start`` is false). While the thread waits for a
-    clarification, the message is the answer. ``fresh``: the message is its thread's
-    root, so the thread is most likely new (``Store.append_input``)."""
+    clarification, the message is the answer. While the requester's own call waits for
+    a reviewer, their message withdraws it (``approval_withdrawn``, in the same
+    transaction, so no click can approve it after): they changed their mind or added
+    to the request, and the model decides again. ``fresh``: the message is its thread's
+    root, so the thread is most likely new (``Store.append_input``). The accepted event
+    is the message."""
 
-    def build(state: ThreadState) -> ev.Event:
+    def build(state: ThreadState) -> list[ev.Event]:
         if state.status == "awaiting_reply" and state.question is not None:
-            return ev.ClarificationAnswered(
+            answer = ev.ClarificationAnswered(
                 actor=user,
                 tool_call_id=state.question.tool_call_id,
                 text=text,
                 source=source or {},
                 dedupe_key=dedupe_key,
             )
-        return ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)
+            return [answer]
+        message = ev.UserMessage(actor=user, text=text, source=source or {}, dedupe_key=dedupe_key)
+        call = state.pending
+        if (
+            state.status == "awaiting_approval"
+            and call is not None
+            and call.phase == "awaiting_approval"
+            and user == state.requester
+        ):
+            why = f"superseded by a newer message from <@{user}>"
+            withdrawn = ev.ApprovalWithdrawn(actor=user, tool_call_id=call.tool_call_id, reason=why)
+            return [withdrawn, message]
+        return [message]
 
     async def once() -> Accepted:
         thread_id, done = await store.append_input(
             key, build, dedupe_key=dedupe_key, start=start, fresh=fresh
         )
-        return Accepted(thread_id, done.events[0], done.deduplicated)
+        return Accepted(thread_id, done.events[-1], done.deduplicated)
 
     return await retrying(once)
 
@@ -148,17 +178,16 @@ async def answer_clarification(
     return await retrying(once)
 
 
-def reviewer_rule(call: PendingCall | None, policy: ApproverPolicy) -> ApproverPolicy:
-    """Who may decide ``call`` (its approval votes and its reconcile): the approvers
-    recorded on its ``tool_call_requested``, or ``policy`` (the process's) for a call
-    from before they were recorded. ``oncall:<id>`` entries match nobody yet."""
-    if call is None or call.approvers is None:
-        return policy
-    allow_self = policy.allow_self if call.allow_self is None else call.allow_self
-    return ApproverPolicy(frozenset(call.approvers), allow_self)
+def reviewer_rule(call: PendingCall | None, default: ReviewerRule) -> ReviewerRule:
+    """Who may decide ``call`` (its approval votes, its reconcile, a cancel while it is
+    pending): the rule recorded with it, or ``default`` (the process's) for a call from
+    before rules were recorded. ``oncall:<id>`` entries match nobody yet."""
+    if call is None or call.reviewers is None:
+        return default
+    return call.reviewers
 
 
-async def _groups_for(decider: Decider, rule: ApproverPolicy) -> frozenset[str]:
+async def _groups_for(decider: Decider, rule: ReviewerRule) -> frozenset[str]:
     """The decider's groups among ``rule``'s, resolved only when that can matter."""
     if not rule.groups or decider.user in rule.approvers or decider.groups & rule.groups:
         return decider.groups
@@ -168,17 +197,9 @@ async def _groups_for(decider: Decider, rule: ApproverPolicy) -> frozenset[str]:
 
 
 async def may_decide(
-    store: Store,
-    state: ThreadState,
-    decider: Decider,
-    decision: ev.RefusedDecision,
-    policy: ApproverPolicy,
-    *,
-    tool_call_id: str | None = None,
-    arguments_hash: str | None = None,
-    now: datetime | None = None,
+    store: Store, state: ThreadState, request: DecisionRequest, default: ReviewerRule
 ) -> str | None:
-    """May ``decider`` make ``decision`` now? None if so; else why not, in a sentence.
+    """May the request's decider make its decision now? None if so; else why not.
 
     The one answer for approval votes (approve, reject), reconciles (happened, retry,
     abandon) and cancel. In order: the call must await this decision (with these
@@ -186,7 +207,7 @@ async def may_decide(
     the call's reviewer rule (:func:`reviewer_rule`) must allow them. Cancel is open to
     the requester and to whoever may decide the pending call (:func:`_why_not_canceller`).
     """
-    now = now or utcnow()
+    decider, decision, call_id = request.decider, request.decision, request.tool_call_id
     if decision == "cancel":
         if state.status in ("new", "cancelled"):
             return f"the thread is {state.status}"
@@ -194,30 +215,44 @@ async def may_decide(
             return why
         if decider.user == state.requester:
             return None
-        return await _why_not_canceller(state, decider, policy)
-    assert tool_call_id is not None, "an approval or a reconcile names its call"
+        return await _why_not_canceller(state, decider, default)
+    assert call_id is not None, "an approval or a reconcile names its call"
     if decision in ("approve", "reject"):
-        why = await why_not_decidable(store, state, tool_call_id, arguments_hash, now)
+        now = request.now or utcnow()
+        why = await why_not_decidable(store, state, call_id, request.arguments_hash, now)
     else:
-        why = await why_not_reconcilable(store, state, tool_call_id, arguments_hash)
+        why = await why_not_reconcilable(store, state, call_id, request.arguments_hash)
     if why is None:
         why = await why_not_same_org(store, state.thread_id, decider.org)
     if why is not None:
         return why
     call = state.pending
-    rule = reviewer_rule(call, policy)
+    rule = reviewer_rule(call, default)
     if decision == "approve" and call is not None and decider.user in call.votes:
         return "you already approved this call; it needs another person"
     # A reconcile is held to the approval's rule: the requester only with allow_self.
     verdict: ev.ApprovalDecision = "reject" if decision == "reject" else "approve"
-    why = rule.check(verdict, decider.user, state.requester, await _groups_for(decider, rule))
-    if why is not None and any(a.startswith("oncall:") for a in rule.approvers):
+    groups = await _groups_for(decider, rule)
+    why = rule.may_decide(verdict, decider.user, state.requester, groups)
+    if why is not None and rule.on_call:
         why += " (on-call schedules are not looked up yet)"
     return why
 
 
+async def may_approve(state: ThreadState, decider: Decider, default: ReviewerRule) -> bool:
+    """Could ``decider`` cast a vote on the call ``state`` awaits approval for, by that
+    call's own rule? For lists of what a person may decide (the Home tab, ``/opsloop
+    pending``); the click itself is still asked :func:`may_decide`."""
+    call = state.pending
+    if state.status != "awaiting_approval" or call is None or decider.user in call.votes:
+        return False
+    rule = reviewer_rule(call, default)
+    groups = await _groups_for(decider, rule)
+    return rule.may_decide("approve", decider.user, state.requester, groups) is None
+
+
 async def _why_not_canceller(
-    state: ThreadState, decider: Decider, policy: ApproverPolicy
+    state: ThreadState, decider: Decider, default: ReviewerRule
 ) -> str | None:
     """May ``decider``, who is not the requester, cancel? Stopping a pending call is
     deciding it, so its own reviewer rule says who; with nothing pending, the process's
@@ -225,16 +260,16 @@ async def _why_not_canceller(
     another person's thread)."""
     call = state.pending
     if call is None:
-        if not policy.approvers:
+        if not default.approvers:
             return "only the requester can cancel"
-        if policy.is_approver(decider.user, await _groups_for(decider, policy)):
+        if default.is_approver(decider.user, await _groups_for(decider, default)):
             return None
         return "only the requester or an approver can cancel"
-    rule = reviewer_rule(call, policy)
+    rule = reviewer_rule(call, default)
     if rule.is_approver(decider.user, await _groups_for(decider, rule)):
         return None
     why = "only the requester or an approver of the pending call can cancel"
-    if any(a.startswith("oncall:") for a in rule.approvers):
+    if rule.on_call:
         why += " (on-call schedules are not looked up yet)"
     return why
 
@@ -244,42 +279,39 @@ async def decide_approval(
     thread_id: str,
     *,
     tool_call_id: str,
-    reviewer: str = "",
+    decider: Decider,
     decision: ev.ApprovalDecision,
-    policy: ApproverPolicy,
+    reviewers: ReviewerRule,
     reason: str = "",
     arguments_hash: str | None = None,
-    reviewer_groups: Iterable[str] = (),
-    org: Org | None = None,
-    decider: Decider | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Accepted | Refused:
-    """Vote on (approve) or reject the pending call ``tool_call_id``.
+    """Vote on (approve) or reject the pending call ``tool_call_id``; ``reviewers`` is
+    the process's rule, for calls that record none.
 
-    ``decider`` (with its group resolver) replaces ``reviewer`` / ``reviewer_groups`` /
-    ``org``. Each approval is one vote; the call runs once its quorum is met. Refused
-    (with an ``approval_refused`` event for the audit) when :func:`may_decide` says so.
-    A redelivered click (same ``dedupe_key``) is a no-op.
+    Each approval is one vote; the call runs once its quorum is met. Refused (with an
+    ``approval_refused`` event for the audit) when :func:`may_decide` says so. A
+    redelivered click (same ``dedupe_key``) is a no-op.
     """
-    who = decider or Decider(reviewer, frozenset(reviewer_groups), org)
+    request = DecisionRequest(
+        thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key, now
+    )
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
             return seen
-        state, refused = await _load_checked(
-            store, thread_id, who, decision, policy, tool_call_id, arguments_hash, dedupe_key, now
-        )
+        state, refused = await _load_checked(store, request, reviewers)
         if refused is not None:
             return refused
         event: ev.Event
         if decision == "approve":
             event = ev.ApprovalGranted(
-                actor=who.user, tool_call_id=tool_call_id, dedupe_key=dedupe_key
+                actor=decider.user, tool_call_id=tool_call_id, dedupe_key=dedupe_key
             )
         else:
             event = ev.ApprovalRejected(
-                actor=who.user, tool_call_id=tool_call_id, reason=reason, dedupe_key=dedupe_key
+                actor=decider.user, tool_call_id=tool_call_id, reason=reason, dedupe_key=dedupe_key
             )
         return await _append_one(store, thread_id, state, event)
 
@@ -303,48 +335,33 @@ async def check_decision(
     tool_call_id: str,
     decider: Decider,
     decision: ev.ApprovalDecision,
-    policy: ApproverPolicy,
+    reviewers: ReviewerRule,
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Decidable | Refused:
     """Ask before deciding (the reject button opens a modal first): ``Decidable`` stores
     nothing; a refusal is recorded as :func:`decide_approval` would record it."""
-    return await _checked(
-        store, thread_id, tool_call_id, decider, decision, policy, arguments_hash, dedupe_key, now
+    request = DecisionRequest(
+        thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key, now
     )
+    return await _checked(store, request, reviewers)
 
 
 async def _checked(
-    store: Store,
-    thread_id: str,
-    tool_call_id: str,
-    decider: Decider,
-    decision: ev.RefusedDecision,
-    policy: ApproverPolicy,
-    arguments_hash: str | None,
-    dedupe_key: str | None,
-    now: datetime | None,
+    store: Store, request: DecisionRequest, reviewers: ReviewerRule
 ) -> Decidable | Refused:
+    thread_id, dedupe_key = request.thread_id, request.dedupe_key
+
     async def once() -> Decidable | Refused:
         if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
             if isinstance(seen, ev.ApprovalRefused):
                 return Refused(thread_id, seen.reason, seen)
-        state, refused = await _load_checked(
-            store,
-            thread_id,
-            decider,
-            decision,
-            policy,
-            tool_call_id,
-            arguments_hash,
-            dedupe_key,
-            now,
-        )
+        state, refused = await _load_checked(store, request, reviewers)
         if refused is not None:
             return refused
-        assert state.pending is not None  # may_decide checked it is this call
-        return Decidable(thread_id, tool_call_id, state.pending.intent)
+        assert state.pending is not None and request.tool_call_id is not None  # may_decide
+        return Decidable(thread_id, request.tool_call_id, state.pending.intent)
 
     return await retrying(once)
 
@@ -357,29 +374,21 @@ async def decide_reconcile(
     decider: Decider,
     decision: ev.ReconcileDecision,
     note: str = "",
-    policy: ApproverPolicy,
+    reviewers: ReviewerRule,
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
-    now: datetime | None = None,
 ) -> Accepted | Refused:
     """Say what became of the call whose outcome is unknown: ``happened`` (``note`` is
     the result the model reads), ``retry`` or ``abandon``. Decided by the call's
     reviewer rule; a refusal is recorded as ``approval_refused`` with the decision."""
+    request = DecisionRequest(
+        thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key
+    )
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
             return seen
-        state, refused = await _load_checked(
-            store,
-            thread_id,
-            decider,
-            decision,
-            policy,
-            tool_call_id,
-            arguments_hash,
-            dedupe_key,
-            now,
-        )
+        state, refused = await _load_checked(store, request, reviewers)
         if refused is not None:
             return refused
         event = ev.ReconcileDecided(
@@ -401,18 +410,18 @@ async def check_reconcile(
     *,
     tool_call_id: str,
     decider: Decider,
-    policy: ApproverPolicy,
+    reviewers: ReviewerRule,
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
-    now: datetime | None = None,
 ) -> Decidable | Refused:
     """Ask before opening the note modal (It happened): ``Decidable`` stores nothing; a
     refusal is recorded as :func:`decide_reconcile` would record it, so the audit sees
     a refused click whichever button it was. The three decisions share one rule, so one
     answer covers them."""
-    return await _checked(
-        store, thread_id, tool_call_id, decider, "happened", policy, arguments_hash, dedupe_key, now
+    request = DecisionRequest(
+        thread_id, decider, "happened", tool_call_id, arguments_hash, dedupe_key
     )
+    return await _checked(store, request, reviewers)
 
 
 async def why_not_reconcilable(
@@ -463,54 +472,26 @@ async def why_not_same_org(store: Store, thread_id: str, org: Org | None) -> str
 
 
 async def _load_checked(
-    store: Store,
-    thread_id: str,
-    decider: Decider,
-    decision: ev.RefusedDecision,
-    policy: ApproverPolicy,
-    tool_call_id: str,
-    arguments_hash: str | None,
-    dedupe_key: str | None,
-    now: datetime | None,
+    store: Store, request: DecisionRequest, reviewers: ReviewerRule
 ) -> tuple[ThreadState, Refused | None]:
     """The thread's state and, when :func:`may_decide` says no, the recorded refusal."""
-    state = await store.load(thread_id)
-    why = await may_decide(
-        store,
-        state,
-        decider,
-        decision,
-        policy,
-        tool_call_id=tool_call_id,
-        arguments_hash=arguments_hash,
-        now=now,
-    )
+    state = await store.load(request.thread_id)
+    why = await may_decide(store, state, request, reviewers)
     if why is None:
         return state, None
-    return state, await _refuse(
-        store, thread_id, state, decider, decision, tool_call_id, why, dedupe_key
-    )
+    return state, await _refuse(store, state, request, why)
 
 
-async def _refuse(
-    store: Store,
-    thread_id: str,
-    state: ThreadState,
-    decider: Decider,
-    decision: ev.RefusedDecision,
-    tool_call_id: str | None,
-    why: str,
-    dedupe_key: str | None,
-) -> Refused:
+async def _refuse(store: Store, state: ThreadState, request: DecisionRequest, why: str) -> Refused:
     refusal = ev.ApprovalRefused(
-        actor=decider.user,
-        tool_call_id=tool_call_id,
-        decision=decision,
+        actor=request.decider.user,
+        tool_call_id=request.tool_call_id,
+        decision=request.decision,
         reason=why,
-        dedupe_key=dedupe_key,
+        dedupe_key=request.dedupe_key,
     )
-    done = await store.append(thread_id, state.last_seq, [refusal], state=state)
-    return Refused(thread_id, why, done.events[0])
+    done = await store.append(request.thread_id, state.last_seq, [refusal], state=state)
+    return Refused(request.thread_id, why, done.events[0])
 
 
 async def why_not_decidable(
@@ -534,6 +515,7 @@ async def describe_closed_call(store: Store, thread_id: str, tool_call_id: str) 
     verdicts: dict[type[ev.Event], str] = {
         ev.ApprovalRejected: "already rejected",
         ev.ApprovalExpired: "the approval expired",
+        ev.ApprovalWithdrawn: "withdrawn: the requester wrote since",
         ev.ThreadCancelled: "the thread was cancelled",
     }
     requested = False
@@ -608,30 +590,27 @@ async def cancel(
     store: Store,
     thread_id: str,
     *,
-    by: str,
-    policy: ApproverPolicy,
+    decider: Decider,
+    reviewers: ReviewerRule,
     reason: str = "",
-    user_groups: Iterable[str] = (),
-    org: Org | None = None,
-    decider: Decider | None = None,
     dedupe_key: str | None = None,
 ) -> Accepted | Refused:
     """Stop the thread: allowed to its requester and to whoever may decide its pending
     call (or, with none, the process's approvers), from the thread's organisation
     (:func:`may_decide`). A refusal is recorded as ``approval_refused``, naming the
     pending call whose rule refused it, if any."""
-    who = decider or Decider(by, frozenset(user_groups), org)
 
     async def once() -> Accepted | Refused:
         if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
             return seen  # a redelivered click
         state = await store.load(thread_id)
-        if (why := await may_decide(store, state, who, "cancel", policy)) is not None:
+        call_id = state.pending.tool_call_id if state.pending else None
+        request = DecisionRequest(thread_id, decider, "cancel", call_id, dedupe_key=dedupe_key)
+        if (why := await may_decide(store, state, request, reviewers)) is not None:
             if state.status == "new":
                 return Refused(thread_id, why)  # a log starts with a message: nowhere to record
-            call_id = state.pending.tool_call_id if state.pending else None
-            return await _refuse(store, thread_id, state, who, "cancel", call_id, why, dedupe_key)
-        event = ev.ThreadCancelled(actor=who.user, reason=reason, dedupe_key=dedupe_key)
+            return await _refuse(store, state, request, why)
+        event = ev.ThreadCancelled(actor=decider.user, reason=reason, dedupe_key=dedupe_key)
         return await _append_one(store, thread_id, state, event)
 
     return await retrying(once)

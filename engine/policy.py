@@ -1,4 +1,5 @@
-"""Deterministic rules: what a model decision means, and who may decide an approval.
+"""Deterministic rules: what a model decision means (who may decide a call is
+``engine/reviewers.py``).
 
 The model proposes an intent; this code decides: run now, approve before running, wait
 for an external event, or reject. Pure: no I/O here.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -84,6 +84,11 @@ def classify(
         return Verdict("reject", 'request_clarification takes {"question": "<text>"}')
     tool = registry.get(use.name)
     offered = policies.offered if policies is not None else (lambda name: True)
+    withheld = policies.withheld(use.name) if policies is not None else None
+    if withheld is not None:
+        # Not offered, called anyway (seen in an earlier turn, or invented): the rule's
+        # reason, so the model learns why instead of trying again.
+        return Verdict("refuse", withheld.reason, withheld)
     if tool is None or not offered(use.name):
         known = ", ".join([*(n for n in registry.names() if offered(n)), CLARIFICATION_TOOL])
         return Verdict("reject", f"unknown tool {use.name!r}; the tools are: {known}")
@@ -124,42 +129,3 @@ def arguments_hash(intent: str, arguments: dict[str, Any]) -> str:
     """Binds an approval to the exact call: same tool, same arguments."""
     canon = json.dumps([intent, arguments], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class ApproverPolicy:
-    """``approvers``: user ids (U…/W…) and user-group ids (S…); empty: anyone but the
-    requester. The requester approves their own call only with ``allow_self``."""
-
-    approvers: frozenset[str] = frozenset()
-    allow_self: bool = False
-
-    @property
-    def groups(self) -> frozenset[str]:
-        return frozenset(a for a in self.approvers if a.startswith("S"))
-
-    def is_approver(self, user: str, user_groups: Iterable[str] = ()) -> bool:
-        if not self.approvers:
-            return True
-        return user in self.approvers or bool(self.groups & set(user_groups))
-
-    def check(
-        self,
-        decision: Literal["approve", "reject"],
-        reviewer: str,
-        requester: str | None,
-        reviewer_groups: Iterable[str] = (),
-    ) -> str | None:
-        """None if ``reviewer`` may make ``decision``; otherwise why not, in a sentence.
-
-        Rejecting is always open to the requester (withdrawing their own request is
-        safe); approving never is, unless self-approval is allowed.
-        """
-        is_requester = reviewer == requester
-        if decision == "reject" and is_requester:
-            return None
-        if is_requester and not self.allow_self:
-            return "you asked for this call, and self-approval is turned off"
-        if not self.is_approver(reviewer, reviewer_groups):
-            return "you are not on the approvers list"
-        return None

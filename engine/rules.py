@@ -16,12 +16,13 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from engine.config_file import PolicyRule, RulePolicy
+from engine.reviewers import Comparison, ReviewerRule, direction
 
 # Strictness, loosest first: what `opsloop policy check` compares.
 _ORDER: dict[str, int] = {
@@ -31,36 +32,36 @@ _ORDER: dict[str, int] = {
     "reject": 3,
 }
 DEFAULT_EXPIRES_IN_S = 24 * 3600.0
-Comparison = Literal["same", "stricter", "looser", "different"]
 
 
 @dataclass(frozen=True)
 class Defaults:
     """The effective ``approvals:`` defaults (file values with the environment laid over:
-    ``settings.approvers`` and ``settings.runner.approval_ttl_s``)."""
+    ``settings.reviewers`` and ``settings.runner.approval_ttl_s``)."""
 
-    approvers: frozenset[str] = frozenset()
-    allow_self: bool = False
+    reviewers: ReviewerRule = field(default_factory=ReviewerRule)
     expires_in_s: float = DEFAULT_EXPIRES_IN_S
 
 
 @dataclass(frozen=True)
 class RuleDecision:
-    """What the policy says about one call. ``rule`` is the deciding rule's 0-based index
-    (None: no rule matched); ``idempotent`` None means the tool's own."""
+    """What the policy says about one call: its policy and who may decide it (with the
+    deciding rule's 0-based index, None when no rule matched); ``idempotent`` None means
+    the tool's own."""
 
     policy: RulePolicy
-    rule: int | None = None
+    reviewers: ReviewerRule = field(default_factory=ReviewerRule)
     reason: str = ""
-    approvers: frozenset[str] = frozenset()
-    quorum: int = 1
-    allow_self: bool = False
     expires_in_s: float = DEFAULT_EXPIRES_IN_S
     remind_after_s: float | None = None
     escalate_to: tuple[str, ...] = ()
     max_grant_s: float | None = None
     idempotent: bool | None = None
     trust_hints: bool = False
+
+    @property
+    def rule(self) -> int | None:
+        return self.reviewers.rule
 
 
 class ToolFacts(Protocol):
@@ -105,6 +106,17 @@ class PolicySet:
     def offered(self, name: str) -> bool:
         return offered(self.rules, name)
 
+    def withheld(self, name: str) -> RuleDecision | None:
+        """The reject of a tool that is not offered (its first rule without ``when`` is
+        ``reject``): a call the model makes anyway is answered with the rule's reason."""
+        for index, rule in enumerate(self.rules):
+            if rule.when is None and matches(rule, name):
+                if rule.policy != "reject":
+                    return None
+                reason = rule.reason or f"the policy does not allow {name}"
+                return RuleDecision("reject", ReviewerRule(rule=index), reason)
+        return None
+
 
 def matches(rule: PolicyRule, tool: str) -> bool:
     return fnmatchcase(tool, rule.tool)
@@ -131,8 +143,7 @@ def decide(
         raise ValueError(f"unknown policy {policy!r} for {tool!r}")  # a bug in the caller
     return RuleDecision(
         policy=policy,  # type: ignore[arg-type]
-        approvers=defaults.approvers,
-        allow_self=defaults.allow_self,
+        reviewers=defaults.reviewers,
         expires_in_s=defaults.expires_in_s,
     )
 
@@ -156,17 +167,18 @@ def _from_rule(
     reason = rule.reason or (f"the policy does not allow {tool}" if policy == "reject" else "")
     if rule.channels and channel not in rule.channels:
         policy, reason = "reject", f"{tool} may be used only in {_places(rule.channels)}"
+    default = defaults.reviewers
+    reviewers = ReviewerRule(
+        approvers=default.approvers if rule.approvers is None else frozenset(rule.approvers),
+        quorum=rule.quorum or 1,
+        allow_self=default.allow_self if rule.allow_self is None else rule.allow_self,
+        rule=index,
+    )
     return RuleDecision(
         policy=policy,
-        rule=index,
+        reviewers=reviewers,
         reason=reason,
-        approvers=defaults.approvers if rule.approvers is None else frozenset(rule.approvers),
-        quorum=rule.quorum or 1,
-        allow_self=defaults.allow_self if rule.allow_self is None else rule.allow_self,
         expires_in_s=rule.expires_in or defaults.expires_in_s,
-        remind_after_s=rule.remind_after,
-        escalate_to=tuple(rule.escalate_to or ()),
-        max_grant_s=rule.max_grant,
         idempotent=idempotent,
         trust_hints=bool(rule.trust_hints),
     )
@@ -187,94 +199,30 @@ def offered(rules: Sequence[PolicyRule], tool: str) -> bool:
     return True
 
 
-def quorum_met(
-    votes: Iterable[str], quorum: int, requester: str | None, *, allow_self: bool = False
-) -> bool:
-    """Have ``quorum`` distinct people approved? The requester never counts, unless
-    ``allow_self`` (then their own vote counts once, as anyone's)."""
-    people = set(votes)
-    if not allow_self:
-        people.discard(requester or "")
-    return len(people) >= quorum
-
-
 # --- policy check ---------------------------------------------------------------------------
 
-_MISSING = object()
 
-
-def _field(decision: Any, name: str) -> Any:
-    if isinstance(decision, Mapping):
-        return decision.get(name, _MISSING)
-    return getattr(decision, name, _MISSING)
-
-
-def compare(recorded: Any, new: RuleDecision) -> Comparison:
-    """How ``new`` differs from the decision ``recorded`` for a call (a RuleDecision, or
-    any object or mapping with some of its fields; a field it lacks is not compared).
+def compare(old: RuleDecision, new: RuleDecision) -> Comparison:
+    """How ``new`` differs from the decision ``old`` made for a call.
 
     Looser: a looser policy (run_now < wait_for_external_event < approve_before_run <
-    reject) or, when both need an approval, a wider or emptied approvers set, a lower
-    quorum, self-approval turning on, a longer expiry or grant, idempotent turning on.
+    reject) or, when both need an approval, reviewers that let more people decide
+    (:meth:`ReviewerRule.compared_to`), a longer expiry or grant, idempotent turning on.
     ``different``: some ways looser and some stricter, or approvers neither wider nor
     narrower; treat it as needing a look, since it may hide a loosening.
     """
-    old_policy = _field(recorded, "policy")
-    if old_policy not in _ORDER:
-        return "different"
-    steps = {_direction(_ORDER[new.policy] - _ORDER[old_policy])}
-    if old_policy == new.policy == "approve_before_run":
-        steps |= _approval_steps(recorded, new)
-    old_idem = _field(recorded, "idempotent")
-    if isinstance(old_idem, bool) and new.idempotent is not None:
-        steps.add(_direction(int(old_idem) - int(new.idempotent)))
+    steps = {direction(_ORDER[new.policy] - _ORDER[old.policy])}
+    if old.policy == new.policy == "approve_before_run":
+        steps |= new.reviewers.compared_to(old.reviewers)
+        steps.add(direction(old.expires_in_s - new.expires_in_s))
+        if old.max_grant_s is None or new.max_grant_s is None:
+            # None: no grants at all, the strictest.
+            steps.add(direction((old.max_grant_s is not None) - (new.max_grant_s is not None)))
+        else:
+            steps.add(direction(old.max_grant_s - new.max_grant_s))
+    if old.idempotent is not None and new.idempotent is not None:
+        steps.add(direction(int(old.idempotent) - int(new.idempotent)))
     steps.discard("same")
     if not steps:
         return "same"
     return steps.pop() if len(steps) == 1 else "different"
-
-
-def _direction(delta: float) -> Comparison:
-    """A positive delta is stricter."""
-    return "stricter" if delta > 0 else "looser" if delta < 0 else "same"
-
-
-def _approval_steps(recorded: Any, new: RuleDecision) -> set[Comparison]:
-    steps: set[Comparison] = set()
-    approvers = _field(recorded, "approvers")
-    if approvers is not _MISSING and approvers is not None:
-        steps.add(_approvers_step(frozenset(approvers), new.approvers))
-    for name, stricter_when_lower in (
-        ("quorum", False),
-        ("expires_in_s", True),
-        ("max_grant_s", True),
-    ):
-        old = _field(recorded, name)
-        if old is _MISSING or (name != "max_grant_s" and not isinstance(old, int | float)):
-            continue
-        value = getattr(new, name)
-        if name == "max_grant_s" and (old is None or value is None):
-            # None: no grants at all, the strictest.
-            steps.add(_direction((old is not None) - (value is not None)))
-            continue
-        delta = (old - value) if stricter_when_lower else (value - old)
-        steps.add(_direction(delta))
-    allow_self = _field(recorded, "allow_self")
-    if isinstance(allow_self, bool):
-        steps.add(_direction(int(allow_self) - int(new.allow_self)))
-    return steps
-
-
-def _approvers_step(old: frozenset[str], new: frozenset[str]) -> Comparison:
-    """An empty set means anyone but the requester: the widest."""
-    if old == new:
-        return "same"
-    if not new:
-        return "looser"
-    if not old:
-        return "stricter"
-    if old < new:
-        return "looser"
-    if new < old:
-        return "stricter"
-    return "different"

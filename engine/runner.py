@@ -11,8 +11,9 @@ kept in memory: the attempt number, the retry time and the pending approval are 
 the log.
 
 While it holds the lease the runner is the thread's only writer: the front door
-(``FrontDoor``) shows the thread before a tool runs and hands back its receipts, which
-go into the runner's next batch; a conflict therefore means someone else really acted.
+(``FrontDoor``) shows the thread, from the log the runner hands it, before a tool runs
+and hands back its receipts, which go into the runner's next batch; a conflict
+therefore means someone else really acted.
 """
 
 from __future__ import annotations
@@ -52,10 +53,17 @@ Clock = Callable[[], datetime]
 
 class FrontDoor(Protocol):
     """Where people see a thread (Slack, a CLI). While the runner holds the thread's
-    lease it alone appends: the front door shows what the log holds now and returns its
-    receipts, which the runner appends with its next batch."""
+    lease it alone appends: it hands over the log it holds and that log's state, and the
+    front door shows them (reading nothing again) and returns its receipts, which the
+    runner appends with its next batch.
 
-    async def show(self, thread_id: str) -> list[ev.MessagePosted]: ...
+    ``events`` start at seq 1, unless the thread was compacted: the runner then holds
+    only what its prompt needs (after the summary), and the front door reads the rest.
+    """
+
+    async def show(
+        self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+    ) -> list[ev.MessagePosted]: ...
 
 
 def offered_tools(tools: ToolRegistry, policy: PolicySet | None) -> list[Tool]:
@@ -142,6 +150,9 @@ class _Turn:
         self.call_ids: set[str] = set()  # every tool_use id the model has used here
         self.projector = Projector(offered_tools(runner.tools, runner.policy), PROJECTION_VERSION)
         self.state = ThreadState()
+        # The log as this turn read and wrote it (from the projection's start), for the
+        # front door: it shows the thread from this instead of reading it again.
+        self.events: list[ev.AnyEvent] = []
         self.channel: str | None = None
         # The front door's receipts, appended ahead of this turn's next batch.
         self.receipts: list[ev.MessagePosted] = []
@@ -185,6 +196,7 @@ class _Turn:
         self.state, events = await self.r.store.load_for_projection(self.thread_id)
         _observe_wake_lag(self.state, self.r.clock())
         self.projector = projector_for(self.state, events, self.r.tools, self.r.policy)
+        self.events = list(events)
         if self.r.policy is not None:
             self.channel = (await self.r.store.get_thread(self.thread_id)).channel
         self._note_call_ids(events)
@@ -197,6 +209,7 @@ class _Turn:
         self.state = reduce(tail, self.state)
 
     def _seen(self, events: list[ev.AnyEvent]) -> None:
+        self.events.extend(events)
         self.projector.feed(events)
         self._note_call_ids(events)
 
@@ -224,7 +237,7 @@ class _Turn:
         if self.r.front_door is None:
             return
         try:
-            self.receipts += await self.r.front_door.show(self.thread_id)
+            self.receipts += await self.r.front_door.show(self.thread_id, self.events, self.state)
         except Exception:  # showing progress never stops the work
             log.warning("front door failed thread_id=%s", self.thread_id, exc_info=True)
 
@@ -345,18 +358,14 @@ class _Turn:
     ) -> ev.ToolCallRequested:
         """The call with what the policy decided for it (the rule, its reviewers)."""
         tool = self.r.tools.get(name)
-        assert tool is not None  # classify found it
+        # classify found it, or refused a tool a rule withholds (maybe not registered)
+        assert tool is not None or verdict.kind == "refuse"
         rule: RuleDecision | None = verdict.rule
-        idempotent = tool.idempotent
+        idempotent = tool.idempotent if tool is not None else True
         reviewers: dict[str, Any] = {}
         if rule is not None:
-            idempotent = tool.idempotent if rule.idempotent is None else rule.idempotent
-            reviewers = {
-                "rule": rule.rule,
-                "approvers": tuple(sorted(rule.approvers)),
-                "quorum": rule.quorum,
-                "allow_self": rule.allow_self,
-            }
+            idempotent = idempotent if rule.idempotent is None else rule.idempotent
+            reviewers = {"reviewers": rule.reviewers}
         return ev.ToolCallRequested(
             tool_call_id=call_id,
             intent=name,
@@ -365,7 +374,7 @@ class _Turn:
             idempotency_key=f"{self.thread_id}:{call_id}",
             reason=verdict.reason if verdict.kind == "refuse" else "",
             policy_hash=self.r.policy.policy_hash if self.r.policy else None,
-            definition_hash=tool.definition_hash,
+            definition_hash=tool.definition_hash if tool is not None else None,
             idempotent=idempotent,
             **reviewers,
         )

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 
 from engine import events as ev
 from engine.errors import IllegalTransition
+from engine.reviewers import ReviewerRule
 
 Status = Literal[
     "new",
@@ -88,7 +89,7 @@ class SaidSince(_Frozen):
 class CallSetback(_Frozen):
     """How the latest call of a turn ended, when it did not succeed."""
 
-    kind: Literal["rejected", "expired", "failed"]
+    kind: Literal["rejected", "expired", "withdrawn", "failed"]
     intent: str
 
 
@@ -110,10 +111,8 @@ class PendingCall(_Frozen):
     # Messages since its approval was requested: the latest few, and how many in all.
     said_since: tuple[SaidSince, ...] = ()
     said_since_count: int = 0
-    # The reviewer rule recorded on tool_call_requested (approvers None: the process's).
-    approvers: tuple[str, ...] | None = None
-    quorum: int = 1
-    allow_self: bool | None = None
+    # Who may decide it, as recorded on tool_call_requested (None: the process's default).
+    reviewers: ReviewerRule | None = None
     votes: tuple[str, ...] = ()  # who approved so far, in order (at most a quorum)
     idempotent: bool = True
     definition_hash: str | None = None
@@ -122,10 +121,28 @@ class PendingCall(_Frozen):
     # Why the outcome is unknown (phase "unknown"), as tool_outcome_unknown said.
     unknown_error: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upcast(cls, data: Any) -> Any:
+        """A snapshot written before the reviewer rule was one value held it flat."""
+        if isinstance(data, dict) and "approvers" in data:
+            data = dict(data)
+            approvers = data.pop("approvers")
+            quorum, allow_self = data.pop("quorum", 1), data.pop("allow_self", None)
+            if approvers is not None:
+                data["reviewers"] = ReviewerRule(
+                    frozenset(approvers), quorum, bool(allow_self), data.get("rule")
+                )
+        return data
+
+    @property
+    def quorum(self) -> int:
+        return self.reviewers.quorum if self.reviewers is not None else 1
+
     @property
     def counted_votes(self) -> int:
         """Distinct votes that count toward the quorum (the requester's only with
-        allow_self; None, as in logs from before, trusts the front door's check)."""
+        allow_self, which the reducer checks as each vote arrives)."""
         return len(set(self.votes))
 
 
@@ -318,9 +335,7 @@ def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, A
         policy=e.policy,
         idempotency_key=e.idempotency_key,
         phase=phase,
-        approvers=e.approvers,
-        quorum=e.quorum,
-        allow_self=e.allow_self,
+        reviewers=e.reviewers,
         idempotent=e.idempotent,
         definition_hash=e.definition_hash,
         rule=e.rule,
@@ -347,8 +362,9 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
     _require(e.actor not in call.votes, e, s, f"{e.actor} already approved this call")
+    self_vote = e.actor == s.requester
     _require(
-        not (call.allow_self is False and e.actor == s.requester),
+        not (self_vote and call.reviewers is not None and not call.reviewers.allow_self),
         e,
         s,
         "the requester's vote does not count",
@@ -359,12 +375,19 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
     return {"pending": evolve(voted, {"phase": "ready"}), "status": "running"}
 
 
-def _approval_closed(s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired) -> dict[str, Any]:
+_CLOSED_AS: dict[type[ev.Event], Literal["rejected", "expired", "withdrawn"]] = {
+    ev.ApprovalRejected: "rejected",
+    ev.ApprovalExpired: "expired",
+    ev.ApprovalWithdrawn: "withdrawn",
+}
+
+
+def _approval_closed(
+    s: ThreadState, e: ev.ApprovalRejected | ev.ApprovalExpired | ev.ApprovalWithdrawn
+) -> dict[str, Any]:
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
-    setback = CallSetback(
-        kind="rejected" if isinstance(e, ev.ApprovalRejected) else "expired", intent=call.intent
-    )
+    setback = CallSetback(kind=_CLOSED_AS[type(e)], intent=call.intent)
     return {"pending": None, "status": "running", "setback": setback}
 
 
@@ -493,6 +516,7 @@ APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
     ev.ApprovalGranted: _approval_granted,
     ev.ApprovalRejected: _approval_closed,
     ev.ApprovalExpired: _approval_closed,
+    ev.ApprovalWithdrawn: _approval_closed,
     ev.ApprovalRefused: _no_change,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,

@@ -158,6 +158,10 @@ def _reconcile_decided(e: ev.ReconcileDecided) -> str:
     return f"{e.tool_call_id}: {said[e.decision]} (by {e.reviewer})" + _reason(e.note)
 
 
+def _approval_withdrawn(e: ev.ApprovalWithdrawn) -> str:
+    return f"withdrew {e.tool_call_id}" + _reason(e.reason)
+
+
 def _approval_expired(e: ev.ApprovalExpired) -> str:
     return f"approval of {e.tool_call_id} expired"
 
@@ -221,6 +225,7 @@ SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
     ev.ApprovalRejected: _approval_rejected,
     ev.ApprovalRefused: _approval_refused,
     ev.ApprovalExpired: _approval_expired,
+    ev.ApprovalWithdrawn: _approval_withdrawn,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,
     ev.ToolOutcomeUnknown: _tool_outcome_unknown,

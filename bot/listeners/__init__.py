@@ -16,20 +16,13 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from bot.blocks import (
-    ABANDON_ACTION,
-    APPROVE_ACTION,
-    CANCEL_ACTION,
-    HAPPENED_ACTION,
-    NOTE_BLOCK,
-    NOTE_CALLBACK,
-    REJECT_ACTION,
-    REJECT_CALLBACK,
-    RETRY_ACTION,
-)
 from bot.listeners import approvals, commands, messages, reconcile
 from bot.listeners.deps import CONTEXT_KEY, Deps
 from bot.refusals import shown_in_modal, told_privately
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.modals import NOTE_BLOCK, NOTE_CALLBACK, REJECT_CALLBACK
+from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
+from bot.render.status import CANCEL_ACTION
 
 ANY = re.compile(".*")
 

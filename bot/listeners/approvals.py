@@ -14,9 +14,10 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
-from bot.blocks import REASON_ACTION, REASON_BLOCK, Binding, parse_binding, reject_modal
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
+from bot.render.common import Binding, parse_binding
+from bot.render.modals import REASON_ACTION, REASON_BLOCK, reject_modal
 from engine import events as ev
 from engine.errors import ThreadNotFound
 from engine.inputs import Accepted, Decider, Refused, cancel, check_decision, decide_approval
@@ -47,7 +48,7 @@ async def on_reject(
         tool_call_id=binding.tool_call_id,
         decider=decider,
         decision="reject",
-        policy=d.approvers,
+        reviewers=d.reviewers,
         arguments_hash=binding.arguments_hash,
         dedupe_key=f"click:{clicked.action_ts}",
     )
@@ -91,8 +92,7 @@ async def on_cancel(
     result = await cancel(
         d.store,
         thread_id,
-        by=decider.user,
-        policy=d.approvers,
+        reviewers=d.reviewers,
         decider=decider,
         dedupe_key=dedupe_key,
     )
@@ -136,7 +136,7 @@ async def _decide(
         binding.thread_id,
         tool_call_id=binding.tool_call_id,
         decision=decision,
-        policy=d.approvers,
+        reviewers=d.reviewers,
         reason=reason,
         arguments_hash=binding.arguments_hash,
         decider=decider,

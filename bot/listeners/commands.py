@@ -8,12 +8,13 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import home
 from bot import payloads as p
-from bot.blocks import ACTIVE
 from bot.listeners.deps import Deps
 from bot.mrkdwn import escape
+from bot.render import home
+from bot.render.status import ACTIVE
 from bot.reviewers import ReviewerLookupError
+from engine.inputs import may_approve
 from engine.state import PendingCall
 from engine.types import ThreadInfo
 
@@ -64,23 +65,18 @@ def _row(info: ThreadInfo, url: str | None, call: PendingCall | None = None) -> 
 
 
 async def _pending_rows(d: Deps, user: str, url: str | None) -> list[home.ThreadRow]:
-    """Calls awaiting approval that ``user`` may approve, newest first."""
-    try:
-        user_groups = await d.reviewer_groups(user)
-    except ReviewerLookupError:
-        user_groups = frozenset()
-    waiting = await d.store.list_threads(status="awaiting_approval", limit=LIST_LIMIT)
-    mine = [
-        info
-        for info in waiting
-        if d.approvers.check("approve", user, info.requester, user_groups) is None
-    ]
+    """Calls awaiting approval that ``user`` may approve by each call's own rule (a
+    rule's approvers, or the process's for a call that records none), newest first."""
+    decider = await d.decider(user, None)
     rows = []
-    for i, info in enumerate(mine):
-        call = None
-        if i < home.MAX_LINES:  # the lines shown name their call
-            call = (await d.store.load(info.id)).pending
-        rows.append(_row(info, url, call))
+    for info in await d.store.list_threads(status="awaiting_approval", limit=LIST_LIMIT):
+        state = await d.store.load(info.id)
+        try:
+            mine = await may_approve(state, decider, d.reviewers)
+        except ReviewerLookupError:
+            mine = False  # a group we cannot look up now admits nobody
+        if mine:
+            rows.append(_row(info, url, state.pending))
     return rows
 
 

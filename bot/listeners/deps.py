@@ -17,7 +17,7 @@ from bot import payloads as p
 from bot.names import Names
 from bot.reviewers import Reviewers
 from engine.inputs import Decider, Org
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.store import Store
 
 log = logging.getLogger("opsloop.bot")
@@ -83,7 +83,7 @@ class Identity:
 @dataclass
 class Deps:
     store: Store
-    approvers: ApproverPolicy
+    reviewers: ReviewerRule  # the process's: for calls that record none
     kick: Kick
     groups: Reviewers | None
     names: Names
@@ -102,15 +102,7 @@ class Deps:
         except Exception:  # stored already: the worker's sweep finds it anyway
             log.exception("kick %s failed", thread_id)
 
-    async def reviewer_groups(self, user: str) -> frozenset[str]:
-        """The approver groups ``user`` is in; looked up only when that can matter."""
-        if not self.approvers.groups or user in self.approvers.approvers:
-            return frozenset()
-        if self.groups is None:
-            return frozenset()
-        return await self.groups.groups_of(user, self.approvers.groups)
-
-    async def decider(self, user: str, org: Org) -> Decider:
+    async def decider(self, user: str, org: Org | None) -> Decider:
         """Who clicks; the engine asks ``resolve`` for exactly the groups of the call's
         reviewer rule (a rule's, or the process's), and only when that can matter. A
         lookup that fails raises ``ReviewerLookupError``: the refusal says "try again"."""

@@ -18,10 +18,10 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
-from bot.blocks import NOTE_ACTION, NOTE_BLOCK, note_modal
 from bot.listeners.approvals import accepted, binding_of, click_of, form_of
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, Refusal
+from bot.render.modals import NOTE_ACTION, NOTE_BLOCK, note_modal
 from engine import events as ev
 from engine.inputs import Refused, check_reconcile, decide_reconcile
 
@@ -38,7 +38,7 @@ async def on_happened(
         binding.thread_id,
         tool_call_id=binding.tool_call_id,
         decider=decider,
-        policy=d.approvers,
+        reviewers=d.reviewers,
         arguments_hash=binding.arguments_hash,
         dedupe_key=f"click:{clicked.action_ts}",
     )
@@ -80,7 +80,7 @@ async def on_note_submitted(
         decider=decider,
         decision="happened",
         note=note,
-        policy=d.approvers,
+        reviewers=d.reviewers,
         arguments_hash=binding.arguments_hash,
         dedupe_key=f"view:{submitted.view_id}",
     )
@@ -102,7 +102,7 @@ async def _decide_click(
         tool_call_id=binding.tool_call_id,
         decider=decider,
         decision=decision,
-        policy=d.approvers,
+        reviewers=d.reviewers,
         arguments_hash=binding.arguments_hash,
         dedupe_key=f"click:{clicked.action_ts}",
     )

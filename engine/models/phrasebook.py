@@ -48,7 +48,7 @@ LIST_SERVICES, GET_SERVICE, SCALE_SERVICE = (
     CATALOG + "scale_service",
 )
 RESTART_SERVICE = "restart_service"
-LOCAL_CONFIG = "opsloop local's own opsloop.yaml (bot/local/opsloop.yaml)"
+LOCAL_CONFIG = "opsloop local's own opsloop.yaml (localslack/opsloop.yaml)"
 
 # Where each tool comes from, for the answer when one is not loaded.
 TOOL_MODULES = {

@@ -22,16 +22,19 @@ from aiohttp.test_utils import TestClient, TestServer
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks as b
 from bot import limits
 from bot import payloads as p
 from bot.app import INVALID_BUTTON, build_app, drain, handle_slack_request
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.common import binding_value, parse_binding
+from bot.render.modals import REASON_ACTION, REASON_BLOCK, REJECT_CALLBACK
+from bot.render.status import CANCEL_ACTION
 from bot.reviewers import Reviewers
 from engine import events as ev
-from engine.db import create_engine, parse_database_url
 from engine.events import utcnow
-from engine.policy import ApproverPolicy, arguments_hash
-from engine.store import Store, ThreadKey
+from engine.policy import arguments_hash
+from engine.reviewers import ReviewerRule
+from engine.store import Store, ThreadKey, store_for
 from tests.fakes import slack as fake
 from tests.fakes.slack import (
     BOT_ID,
@@ -93,7 +96,7 @@ async def served(
     store: Store,
     slack: FakeSlack,
     *,
-    approvers: ApproverPolicy | None = None,
+    reviewers: ReviewerRule | None = None,
     groups: Reviewers | None = None,
 ) -> AsyncIterator[Served]:
     kicks: list[str] = []
@@ -102,7 +105,7 @@ async def served(
         token=TOKEN,
         signing_secret=SIGNING_SECRET,
         client=AsyncWebClient(token=TOKEN, base_url=slack.url),
-        approvers=approvers or ApproverPolicy(),
+        reviewers=reviewers or ReviewerRule(),
         kick=kicks.append,
         groups=groups,
     )
@@ -177,7 +180,7 @@ async def awaiting_approval(
         ],
     )
     assert (await store.load(thread_id)).status == "awaiting_approval"
-    return thread_id, b.binding_value(thread_id, call_id, digest)
+    return thread_id, binding_value(thread_id, call_id, digest)
 
 
 def button(
@@ -421,6 +424,25 @@ async def test_a_reply_in_our_thread_needs_no_mention(store: Store, slack: FakeS
     assert s.kicks == [thread_id, thread_id]
 
 
+async def test_the_requesters_reply_withdraws_the_card_once(store: Store, slack: FakeSlack) -> None:
+    """Issue 17 §1: the requester writes while their call waits: the card is withdrawn
+    (once, whatever Slack redelivers), the worker is woken, a click is refused."""
+    thread_id, value = await awaiting_approval(store, requester=ANN)
+    reply = fake.message_event(
+        user=ANN, text="no, production", channel=CHANNEL, ts="1700000000.000500",
+        thread_ts=ROOT, event_id="Ev0WITHDRAW1",
+    )  # fmt: skip
+    async with served(store, slack) as s:
+        assert (await s.send(reply))[0] == 200
+        assert (await s.send(reply))[0] == 200  # Slack's retry
+        assert (await s.send(button(BOB, APPROVE_ACTION, value)))[0] == 200
+    kinds = await types_of(store, thread_id)
+    assert kinds.count("approval_withdrawn") == 1
+    assert kinds[-3:] == ["approval_withdrawn", "user_message", "approval_refused"]
+    assert (await store.load(thread_id)).status == "running"
+    assert thread_id in s.kicks
+
+
 async def test_a_reply_answers_an_open_question(store: Store, slack: FakeSlack) -> None:
     async with served(store, slack) as s:
         await s.send(mention())
@@ -526,8 +548,8 @@ async def test_a_direct_message_starts_a_thread_and_its_replies_continue_it(
 
 async def test_approve_grants_the_pending_call(store: Store, slack: FakeSlack) -> None:
     thread_id, value = await awaiting_approval(store)
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
-        status, _ = await s.send(button(BOB, b.APPROVE_ACTION, value, action_ts="1700000100.1"))
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        status, _ = await s.send(button(BOB, APPROVE_ACTION, value, action_ts="1700000100.1"))
         await s.settle()
     assert status == 200
     granted = (await events_of(store, thread_id))[-1]
@@ -543,10 +565,10 @@ async def test_a_double_click_approves_once_and_tells_the_second(
 ) -> None:
     thread_id, value = await awaiting_approval(store)
     async with served(store, slack) as s:
-        first = button(BOB, b.APPROVE_ACTION, value, action_ts="1700000100.1")
+        first = button(BOB, APPROVE_ACTION, value, action_ts="1700000100.1")
         assert (await s.send(first))[0] == 200
         assert (await s.send(first, retry=1))[0] == 200  # the same click, redelivered
-        second = button(EVE, b.APPROVE_ACTION, value, action_ts="1700000100.2")
+        second = button(EVE, APPROVE_ACTION, value, action_ts="1700000100.2")
         assert (await s.send(second))[0] == 200
         [call] = await slack.wait_for("chat.postEphemeral")
         await s.settle()
@@ -563,9 +585,9 @@ async def test_two_reviewers_at_once_one_wins(store: Store, slack: FakeSlack) ->
     thread_id, value = await awaiting_approval(store)
     async with served(store, slack) as s:
         results = await asyncio.gather(
-            s.send(button(BOB, b.APPROVE_ACTION, value)),
-            s.send(button(EVE, b.REJECT_ACTION, value)),
-            s.send(button("U0DAN00001", b.APPROVE_ACTION, value)),
+            s.send(button(BOB, APPROVE_ACTION, value)),
+            s.send(button(EVE, REJECT_ACTION, value)),
+            s.send(button("U0DAN00001", APPROVE_ACTION, value)),
         )
         await s.settle()
     assert [status for status, _ in results] == [200, 200, 200]
@@ -578,8 +600,8 @@ async def test_two_reviewers_at_once_one_wins(store: Store, slack: FakeSlack) ->
 
 async def test_an_unauthorised_reviewer_is_refused(store: Store, slack: FakeSlack) -> None:
     thread_id, value = await awaiting_approval(store)
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
-        assert (await s.send(button(EVE, b.APPROVE_ACTION, value)))[0] == 200
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        assert (await s.send(button(EVE, APPROVE_ACTION, value)))[0] == 200
         await slack.wait_for("chat.postEphemeral")
     refused = (await events_of(store, thread_id))[-1]
     assert isinstance(refused, ev.ApprovalRefused)
@@ -594,9 +616,9 @@ async def test_self_approval_only_when_allowed(
     store: Store, slack: FakeSlack, allow_self: bool
 ) -> None:
     thread_id, value = await awaiting_approval(store, requester=ANN)
-    policy = ApproverPolicy(frozenset({ANN, BOB}), allow_self=allow_self)
-    async with served(store, slack, approvers=policy) as s:
-        assert (await s.send(button(ANN, b.APPROVE_ACTION, value)))[0] == 200
+    policy = ReviewerRule(frozenset({ANN, BOB}), allow_self=allow_self)
+    async with served(store, slack, reviewers=policy) as s:
+        assert (await s.send(button(ANN, APPROVE_ACTION, value)))[0] == 200
         await s.settle()
     last = (await events_of(store, thread_id))[-1]
     if allow_self:
@@ -610,11 +632,11 @@ async def test_self_approval_only_when_allowed(
 async def test_a_user_group_approver_may_approve(store: Store, slack: FakeSlack) -> None:
     thread_id, value = await awaiting_approval(store)
     slack.usergroups["S0OPS00001"] = [EVE, "U0DAN00001"]
-    policy = ApproverPolicy(frozenset({BOB, "S0OPS00001"}))
-    async with served(store, slack, approvers=policy) as s:
-        outsider = button("U0ZED00001", b.APPROVE_ACTION, value, action_ts="1700000100.1")
+    policy = ReviewerRule(frozenset({BOB, "S0OPS00001"}))
+    async with served(store, slack, reviewers=policy) as s:
+        outsider = button("U0ZED00001", APPROVE_ACTION, value, action_ts="1700000100.1")
         assert (await s.send(outsider))[0] == 200
-        assert (await s.send(button(EVE, b.APPROVE_ACTION, value)))[0] == 200
+        assert (await s.send(button(EVE, APPROVE_ACTION, value)))[0] == 200
         await s.settle()
     types = await types_of(store, thread_id)
     assert types[-2:] == ["approval_refused", "approval_granted"]
@@ -625,9 +647,9 @@ async def test_a_user_group_approver_may_approve(store: Store, slack: FakeSlack)
 async def test_a_failed_group_lookup_changes_nothing(store: Store, slack: FakeSlack) -> None:
     thread_id, value = await awaiting_approval(store)
     slack.fail("usergroups.users.list", "missing_scope")
-    policy = ApproverPolicy(frozenset({"S0OPS00001"}))
-    async with served(store, slack, approvers=policy) as s:
-        assert (await s.send(button(EVE, b.APPROVE_ACTION, value)))[0] == 200
+    policy = ReviewerRule(frozenset({"S0OPS00001"}))
+    async with served(store, slack, reviewers=policy) as s:
+        assert (await s.send(button(EVE, APPROVE_ACTION, value)))[0] == 200
         await slack.wait_for("chat.postEphemeral")
     assert await types_of(store, thread_id) == [
         "user_message",
@@ -643,7 +665,7 @@ async def test_a_forged_button_changes_nothing(store: Store, slack: FakeSlack, f
     thread_id, _value = await awaiting_approval(store)
     before = await types_of(store, thread_id)
     async with served(store, slack) as s:
-        for action in (b.APPROVE_ACTION, b.REJECT_ACTION):
+        for action in (APPROVE_ACTION, REJECT_ACTION):
             assert (await s.send(button(BOB, action, forged)))[0] == 200
         await slack.wait_for("chat.postEphemeral", 2)
         await s.settle()
@@ -656,9 +678,9 @@ async def test_a_forged_button_changes_nothing(store: Store, slack: FakeSlack, f
 
 async def test_a_card_for_other_arguments_is_refused(store: Store, slack: FakeSlack) -> None:
     thread_id, _value = await awaiting_approval(store)
-    stale = b.binding_value(thread_id, "toolu_01", arguments_hash("deploy", {"service": "db"}))
+    stale = binding_value(thread_id, "toolu_01", arguments_hash("deploy", {"service": "db"}))
     async with served(store, slack) as s:
-        await s.send(button(BOB, b.APPROVE_ACTION, stale))
+        await s.send(button(BOB, APPROVE_ACTION, stale))
         await slack.wait_for("chat.postEphemeral")
     assert (await store.load(thread_id)).status == "awaiting_approval"
     assert "out of date" in ephemeral_texts(slack, BOB)[0]
@@ -671,13 +693,13 @@ async def test_reject_opens_the_modal_and_stores_nothing(store: Store, slack: Fa
     thread_id, value = await awaiting_approval(store)
     before = await types_of(store, thread_id)
     async with served(store, slack) as s:
-        click = button(BOB, b.REJECT_ACTION, value)
+        click = button(BOB, REJECT_ACTION, value)
         assert (await s.send(click))[0] == 200
         [call] = await slack.wait_for("views.open")
     assert call.params["trigger_id"] == click["trigger_id"]
     view = call.params["view"]
-    assert view["callback_id"] == b.REJECT_CALLBACK
-    assert b.parse_binding(view["private_metadata"]) == b.parse_binding(value)
+    assert view["callback_id"] == REJECT_CALLBACK
+    assert parse_binding(view["private_metadata"]) == parse_binding(value)
     assert limits.check_limits(view) == []
     assert await types_of(store, thread_id) == before
     assert s.kicks == []
@@ -686,8 +708,8 @@ async def test_reject_opens_the_modal_and_stores_nothing(store: Store, slack: Fa
 async def test_reject_on_a_decided_card_says_so(store: Store, slack: FakeSlack) -> None:
     _thread_id, value = await awaiting_approval(store)
     async with served(store, slack) as s:
-        await s.send(button(BOB, b.APPROVE_ACTION, value))
-        await s.send(button(EVE, b.REJECT_ACTION, value))
+        await s.send(button(BOB, APPROVE_ACTION, value))
+        await s.send(button(EVE, REJECT_ACTION, value))
         await slack.wait_for("chat.postEphemeral")
         await s.settle()
     assert ephemeral_texts(slack, EVE)[0].startswith(
@@ -700,8 +722,8 @@ async def test_reject_by_an_unauthorised_reviewer_is_refused_without_a_modal(
     store: Store, slack: FakeSlack
 ) -> None:
     thread_id, value = await awaiting_approval(store)
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
-        await s.send(button(EVE, b.REJECT_ACTION, value))
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        await s.send(button(EVE, REJECT_ACTION, value))
         await slack.wait_for("chat.postEphemeral")
         await s.settle()
     assert (await types_of(store, thread_id))[-1] == "approval_refused"
@@ -711,9 +733,9 @@ async def test_reject_by_an_unauthorised_reviewer_is_refused_without_a_modal(
 def submission(value: str, reason: str | None, *, user: str = BOB, view_id: str = "V0REJECT01"):
     return fake.view_submission_payload(
         user=user,
-        callback_id=b.REJECT_CALLBACK,
+        callback_id=REJECT_CALLBACK,
         private_metadata=value,
-        values=fake.text_input_values(b.REASON_BLOCK, b.REASON_ACTION, reason),
+        values=fake.text_input_values(REASON_BLOCK, REASON_ACTION, reason),
         view_id=view_id,
     )
 
@@ -746,15 +768,13 @@ async def test_a_refused_submission_shows_the_reason_in_the_modal(
 ) -> None:
     _thread_id, value = await awaiting_approval(store)
     async with served(store, slack) as s:
-        await s.send(button(BOB, b.APPROVE_ACTION, value))
+        await s.send(button(BOB, APPROVE_ACTION, value))
         status, text = await s.send(submission(value, "no", user=EVE))
         forged_status, forged = await s.send(submission("{}", "no", view_id="V0REJECT02"))
     assert status == 200
     answer = json.loads(text)
     assert answer["response_action"] == "errors"
-    assert answer["errors"][b.REASON_BLOCK].startswith(
-        f"Nothing changed: already approved by {BOB}"
-    )
+    assert answer["errors"][REASON_BLOCK].startswith(f"Nothing changed: already approved by {BOB}")
     assert forged_status == 200
     assert json.loads(forged)["response_action"] == "errors"
 
@@ -764,15 +784,15 @@ async def test_a_refused_submission_shows_the_reason_in_the_modal(
 
 async def test_the_requester_cancels_and_a_stranger_cannot(store: Store, slack: FakeSlack) -> None:
     thread_id, _value = await awaiting_approval(store)
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
-        stranger = button(EVE, b.CANCEL_ACTION, thread_id, action_ts="1700000100.1")
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        stranger = button(EVE, CANCEL_ACTION, thread_id, action_ts="1700000100.1")
         assert (await s.send(stranger))[0] == 200
         await slack.wait_for("chat.postEphemeral")
         assert (await store.load(thread_id)).status == "awaiting_approval"
-        mine = button(ANN, b.CANCEL_ACTION, thread_id, action_ts="1700000100.2")
+        mine = button(ANN, CANCEL_ACTION, thread_id, action_ts="1700000100.2")
         assert (await s.send(mine))[0] == 200
         assert (await s.send(mine, retry=1))[0] == 200  # redelivered: no second note
-        await s.send(button(ANN, b.CANCEL_ACTION, "thr_forged"))
+        await s.send(button(ANN, CANCEL_ACTION, "thr_forged"))
         await slack.wait_for("chat.postEphemeral", 2)
         await s.settle()
     assert (await store.load(thread_id)).status == "cancelled"
@@ -789,8 +809,8 @@ async def test_a_cancel_by_someone_the_calls_rule_refuses_is_recorded_not_done(
     may not stop it either."""
     thread_id, value = await awaiting_approval(store, approvers=(BOB,))
     async with served(store, slack) as s:
-        assert (await s.send(button(EVE, b.APPROVE_ACTION, value)))[0] == 200
-        stranger = button(EVE, b.CANCEL_ACTION, thread_id, action_ts="1700000100.3")
+        assert (await s.send(button(EVE, APPROVE_ACTION, value)))[0] == 200
+        stranger = button(EVE, CANCEL_ACTION, thread_id, action_ts="1700000100.3")
         assert (await s.send(stranger))[0] == 200
         await slack.wait_for("chat.postEphemeral", 2)
         await s.settle()
@@ -817,7 +837,7 @@ async def command(s: Served, text: str, user: str, channel: str = CHANNEL) -> st
 
 async def test_slash_command_help_pending_and_status(store: Store, slack: FakeSlack) -> None:
     thread_id, _value = await awaiting_approval(store)
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
         await s.send(mention("<@U0FAKEBOT1> <b>bold</b> & more", ts="1700000000.000900"))
         assert "/opsloop pending" in await command(s, "help", ANN)
         unknown = await command(s, "<!channel>", ANN)
@@ -836,6 +856,18 @@ async def test_slash_command_help_pending_and_status(store: Store, slack: FakeSl
         assert "working" in status  # the new thread from the mention
         assert "not working on anything" in await command(s, "status", EVE, "C0ELSEWHERE")
     assert thread_id
+
+
+async def test_pending_lists_each_call_by_its_own_rule(store: Store, slack: FakeSlack) -> None:
+    """A rule's own approver sees the call they may decide; a process approver whom the
+    call's rule leaves out does not (before, both were filtered by the process's list)."""
+    await awaiting_approval(store, approvers=(EVE,))
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        assert "*deploy*" in await command(s, "pending", EVE)
+        assert "Nothing is waiting for you" in await command(s, "pending", BOB)
+        assert (await s.send(fake.app_home_opened_event(user=EVE)))[0] == 200
+        [call] = await slack.wait_for("views.publish")
+    assert call.params["user_id"] == EVE and "deploy" in json.dumps(call.params["view"])
 
 
 async def test_app_home_lists_pending_approvals_and_recent_threads(
@@ -861,14 +893,13 @@ async def test_app_home_lists_pending_approvals_and_recent_threads(
 async def test_database_down_is_a_500_and_the_retry_counts_once(
     store: Store, slack: FakeSlack
 ) -> None:
-    config = parse_database_url(UNREACHABLE)
-    down = Store(create_engine(config), config)  # built without connecting
+    down = store_for(UNREACHABLE)  # built without connecting
     payload = mention(event_id="Ev0DOWN0001")
     thread_id, value = await awaiting_approval(store, root="1700000000.000800")
     try:
         async with served(down, slack) as s:
             status, _ = await s.send(payload)
-            click_status, _ = await s.send(button(BOB, b.APPROVE_ACTION, value))
+            click_status, _ = await s.send(button(BOB, APPROVE_ACTION, value))
     finally:
         await down.close()
     assert status >= 500 and click_status >= 500

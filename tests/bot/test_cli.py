@@ -27,7 +27,7 @@ from engine.inputs import post_user_message
 from engine.models.base import Decision
 from engine.models.scripted import ScriptedModel
 from engine.runner import Runner
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.slack import TOKEN as SLACK_TOKEN
 from tests.fakes.slack import FakeSlack
@@ -84,7 +84,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
 
 async def seed(url: str) -> dict[str, str]:
     """Three threads: idle after a scripted answer, running (a message, no run yet), new."""
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         model = ScriptedModel(
             [Decision(text="It is up.", usage=Usage(input_tokens=120, output_tokens=8))]
@@ -181,7 +181,7 @@ def _payload_bytes(url: str, thread_id: str) -> int:
 
 
 async def _empty_database(url: str) -> None:
-    store = await Store.open(url)  # what `serve` leaves before the first message
+    store = await open_store(url)  # what `serve` leaves before the first message
     await store.close()
 
 
@@ -395,7 +395,7 @@ def _http(method: str, url: str) -> tuple[int, dict]:
 
 
 async def _post(url: str, text: str) -> str:
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         return (await post_user_message(store, KEY, text=text, user="U1")).thread_id
     finally:
@@ -403,7 +403,7 @@ async def _post(url: str, text: str) -> str:
 
 
 async def _final_answer(url: str, thread_id: str) -> str | None:
-    store = await Store.open(url)
+    store = await open_store(url)
     try:
         events = await store.select_events(thread_id)
     finally:

@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 import pytest
 from multidict import CIMultiDict
 
-from bot import blocks as b
 from bot.app import MAX_BODY
+from bot.render.approval import APPROVE_ACTION
 from engine.store import Store
 from tests.bot.test_app import (
     ANN,
@@ -62,7 +62,7 @@ def event_with(**changes: Any) -> dict[str, Any]:
 
 
 def click_with(**changes: Any) -> dict[str, Any]:
-    payload = button(ANN, b.APPROVE_ACTION, "x")
+    payload = button(ANN, APPROVE_ACTION, "x")
     payload.update(changes)
     return payload
 
@@ -229,7 +229,7 @@ async def test_a_malformed_click_on_a_real_card_changes_nothing(
     thread_id, value = await awaiting_approval(store)
     before = await types_of(store, thread_id)
     async with served(store, slack) as s:
-        click = button(ANN, b.APPROVE_ACTION, value)
+        click = button(ANN, APPROVE_ACTION, value)
         for bad in ({"container": "x"}, {"user": {"id": 5}}, {"channel": "x" * 500}):
             status, _ = await s.send({**click, **bad})
             assert status in (200, 400)

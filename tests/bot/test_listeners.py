@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from bot import blocks as b
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.modals import REASON_BLOCK
+from bot.render.status import CANCEL_ACTION
 from engine import events as ev
 from engine.store import Store
 from tests.bot.test_app import (
@@ -50,7 +52,7 @@ def from_other_team(payload: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("where", ["team", "user", "both"])
-@pytest.mark.parametrize("action", [b.APPROVE_ACTION, b.REJECT_ACTION])
+@pytest.mark.parametrize("action", [APPROVE_ACTION, REJECT_ACTION])
 async def test_a_click_from_another_team_is_refused(
     store: Store, slack: FakeSlack, where: str, action: str
 ) -> None:
@@ -72,7 +74,7 @@ async def test_a_click_from_another_team_is_refused(
 async def test_the_same_click_from_the_thread_team_approves(store: Store, slack: FakeSlack) -> None:
     thread_id, value = await awaiting_approval(store)
     async with served(store, slack) as s:
-        assert (await s.send(button(BOB, b.APPROVE_ACTION, value)))[0] == 200
+        assert (await s.send(button(BOB, APPROVE_ACTION, value)))[0] == 200
     assert (await types_of(store, thread_id))[-1] == "approval_granted"
 
 
@@ -85,7 +87,7 @@ async def test_a_click_from_another_grid_org_is_refused(store: Store, slack: Fak
         assert thread_id is not None
         [first] = await events_of(store, thread_id)
         assert first.source["enterprise"] == "E0HOME0001"  # type: ignore[union-attr]
-        cancel = from_other_team(button(ANN, b.CANCEL_ACTION, thread_id), "enterprise")
+        cancel = from_other_team(button(ANN, CANCEL_ACTION, thread_id), "enterprise")
         assert (await s.send(cancel))[0] == 200
         [note] = await slack.wait_for("chat.postEphemeral")
     assert "organisation" in note.params["text"]
@@ -95,7 +97,7 @@ async def test_a_click_from_another_grid_org_is_refused(store: Store, slack: Fak
 async def test_cancel_from_another_team_changes_nothing(store: Store, slack: FakeSlack) -> None:
     thread_id, _value = await awaiting_approval(store)
     async with served(store, slack) as s:
-        cancel = from_other_team(button(ANN, b.CANCEL_ACTION, thread_id), "user")
+        cancel = from_other_team(button(ANN, CANCEL_ACTION, thread_id), "user")
         assert (await s.send(cancel))[0] == 200
         [note] = await slack.wait_for("chat.postEphemeral")
     assert "Slack team" in note.params["text"]
@@ -111,7 +113,7 @@ async def test_a_reject_modal_from_another_team_is_refused(store: Store, slack: 
     assert status == 200
     answer = json.loads(text)
     assert answer["response_action"] == "errors"
-    assert "Slack team" in answer["errors"][b.REASON_BLOCK]
+    assert "Slack team" in answer["errors"][REASON_BLOCK]
     assert (await types_of(store, thread_id))[-1] == "approval_refused"
     assert (await store.load(thread_id)).status == "awaiting_approval"
 

@@ -11,9 +11,10 @@ import pytest
 from engine.config_file import parse_config
 from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
+from engine.reviewers import ReviewerRule
 from engine.rules import Defaults, PolicySet
 from engine.runner import Runner
-from engine.store import Store, ThreadKey
+from engine.store import ThreadKey, open_store
 from tests.bot.test_cli import assert_one_line_error, run_cli
 from tools import REGISTRY, load_tools
 
@@ -34,8 +35,10 @@ async def seed(url: str) -> dict[str, str]:
     """Two threads: a ticket waiting for its approval (rule 1), a docs search (no rule)."""
     load_tools(None)
     config = parse_config(RECORDED, {})
-    policy = PolicySet(tuple(config.policy), Defaults(frozenset({"S0SRE"})), config.policy_hash)
-    store = await Store.open(url)
+    policy = PolicySet(
+        tuple(config.policy), Defaults(ReviewerRule(frozenset({"S0SRE"}))), config.policy_hash
+    )
+    store = await open_store(url)
     try:
         ids = {}
         for name, key, steps in [

@@ -13,13 +13,17 @@ from typing import Any
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import blocks as b
 from bot import limits
 from bot.delivery import Delivery
 from bot.outbox import shown_event
+from bot.render.approval import APPROVE_ACTION
+from bot.render.common import Binding, binding_value, parse_binding
+from bot.render.modals import NOTE_ACTION, NOTE_BLOCK, NOTE_CALLBACK
+from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
 from engine import events as ev
 from engine.events import utcnow
-from engine.policy import ApproverPolicy, arguments_hash
+from engine.policy import arguments_hash
+from engine.reviewers import ReviewerRule
 from engine.store import Store, ThreadKey
 from tests.bot.test_app import Served, served
 from tests.fakes import slack as fake
@@ -145,9 +149,9 @@ def text_of(params: dict[str, Any]) -> str:
 def note_submission(value: str, note: str | None, user: str, view_id: str) -> dict[str, Any]:
     return fake.view_submission_payload(
         user=user,
-        callback_id=b.NOTE_CALLBACK,
+        callback_id=NOTE_CALLBACK,
         private_metadata=value,
-        values=fake.text_input_values(b.NOTE_BLOCK, b.NOTE_ACTION, note),
+        values=fake.text_input_values(NOTE_BLOCK, NOTE_ACTION, note),
         view_id=view_id,
     )
 
@@ -169,9 +173,9 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
     tid = await awaiting_reconcile(store, slack)
     assert await delivery.deliver(tid) == 3  # the status message, the call's line, the card
     assert await delivery.deliver(tid) == 0
-    post = card_post(slack, b.RETRY_ACTION)
+    post = card_post(slack, RETRY_ACTION)
     unknown = next(e for e in await store.select_events(tid) if e.type == "tool_outcome_unknown")
-    [card] = [m for m in slack.posted(CHANNEL) if b.RETRY_ACTION in json.dumps(m)]
+    [card] = [m for m in slack.posted(CHANNEL) if RETRY_ACTION in json.dumps(m)]
     assert shown_event(card, tid) == unknown.event_id
     text = text_of(post.params)
     assert "Did it happen? restart" in text
@@ -182,7 +186,7 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
     assert limits.check_limits(blocks) == []
     buttons = [e for blk in blocks if blk["type"] == "actions" for e in blk["elements"]]
     digest = arguments_hash("restart", ARGS)
-    assert {b.parse_binding(e["value"]) for e in buttons} == {b.Binding(tid, CALL, digest)}
+    assert {parse_binding(e["value"]) for e in buttons} == {Binding(tid, CALL, digest)}
     status = slack.calls_to("chat.postMessage")[0].params
     assert "was interrupted: waiting for" in status["text"]
 
@@ -190,8 +194,8 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
 @pytest.mark.parametrize(
     ("action", "decision", "line"),
     [
-        (b.RETRY_ACTION, "retry", "asked to run it again"),
-        (b.ABANDON_ACTION, "abandon", "said it did not happen"),
+        (RETRY_ACTION, "retry", "asked to run it again"),
+        (ABANDON_ACTION, "abandon", "said it did not happen"),
     ],
 )
 async def test_a_click_decides_and_the_card_is_updated_in_place(
@@ -216,7 +220,7 @@ async def test_a_click_decides_and_the_card_is_updated_in_place(
     await delivery.deliver(tid)
     [update] = updates_of(slack, post)
     assert f"<@{BOB}> {line}" in text_of(update)
-    assert b.RETRY_ACTION not in text_of(update)  # no live buttons
+    assert RETRY_ACTION not in text_of(update)  # no live buttons
     assert update["metadata"] == post.params["metadata"]
 
 
@@ -225,17 +229,17 @@ async def test_it_happened_opens_the_note_modal_and_its_note_is_the_result(
 ) -> None:
     tid = await awaiting_reconcile(store, slack)
     await delivery.deliver(tid)
-    post = card_post(slack, b.HAPPENED_ACTION)
+    post = card_post(slack, HAPPENED_ACTION)
     before = await store.select_events(tid)
     async with served(store, slack) as s:
-        payload = click(slack, post, b.HAPPENED_ACTION, CAROL, 1)
+        payload = click(slack, post, HAPPENED_ACTION, CAROL, 1)
         assert (await s.send(payload))[0] == 200
         [opened] = await slack.wait_for("views.open")
         assert await store.select_events(tid) == before  # the modal stores nothing
         view = opened.params["view"]
         view = json.loads(view) if isinstance(view, str) else view
         assert opened.params["trigger_id"] == payload["trigger_id"]
-        assert view["callback_id"] == b.NOTE_CALLBACK
+        assert view["callback_id"] == NOTE_CALLBACK
         assert limits.check_limits(view) == []
         note = "restarted at 10:02 <!here>"
         submitted = note_submission(view["private_metadata"], f"  {note} ", CAROL, "V0NOTE0001")
@@ -260,11 +264,11 @@ async def test_someone_not_on_the_calls_approvers_is_refused_privately(
 ) -> None:
     tid = await awaiting_reconcile(store, slack)
     await delivery.deliver(tid)
-    post = card_post(slack, b.RETRY_ACTION)
+    post = card_post(slack, RETRY_ACTION)
     # The process allows anyone; the call's rule (bob, carol) decides.
-    async with served(store, slack, approvers=ApproverPolicy()) as s:
+    async with served(store, slack, reviewers=ReviewerRule()) as s:
         for n, (action, user) in enumerate(
-            [(b.RETRY_ACTION, EVE), (b.ABANDON_ACTION, ANN), (b.HAPPENED_ACTION, EVE)]
+            [(RETRY_ACTION, EVE), (ABANDON_ACTION, ANN), (HAPPENED_ACTION, EVE)]
         ):
             assert (await s.send(click(slack, post, action, user, n)))[0] == 200
         await slack.wait_for("chat.postEphemeral", 3)
@@ -289,11 +293,11 @@ async def test_a_decided_card_refuses_a_second_decision(
 ) -> None:
     tid = await awaiting_reconcile(store, slack)
     await delivery.deliver(tid)
-    post = card_post(slack, b.RETRY_ACTION)
+    post = card_post(slack, RETRY_ACTION)
     async with served(store, slack) as s:
-        await s.send(click(slack, post, b.ABANDON_ACTION, BOB, 1))
-        await s.send(click(slack, post, b.RETRY_ACTION, CAROL, 2))
-        await s.send(click(slack, post, b.HAPPENED_ACTION, CAROL, 3))
+        await s.send(click(slack, post, ABANDON_ACTION, BOB, 1))
+        await s.send(click(slack, post, RETRY_ACTION, CAROL, 2))
+        await s.send(click(slack, post, HAPPENED_ACTION, CAROL, 3))
         await slack.wait_for("chat.postEphemeral", 2)
         await s.settle()
     decided = [e for e in await store.select_events(tid) if e.type == "reconcile_decided"]
@@ -310,12 +314,12 @@ async def test_a_failed_group_lookup_says_try_again_and_changes_nothing(
 ) -> None:
     tid = await awaiting_reconcile(store, slack, approvers=(SRE,))
     await delivery.deliver(tid)
-    post = card_post(slack, b.RETRY_ACTION)
+    post = card_post(slack, RETRY_ACTION)
     before = await store.select_events(tid)
     slack.fail("usergroups.users.list", "missing_scope", times=2)
     async with served(store, slack) as s:  # the process names no group: the call's rule does
-        await s.send(click(slack, post, b.RETRY_ACTION, EVE, 1))
-        await s.send(click(slack, post, b.HAPPENED_ACTION, EVE, 2))
+        await s.send(click(slack, post, RETRY_ACTION, EVE, 1))
+        await s.send(click(slack, post, HAPPENED_ACTION, EVE, 2))
         await slack.wait_for("chat.postEphemeral", 2)
         await s.settle()
     assert await store.select_events(tid) == before
@@ -329,9 +333,9 @@ async def test_a_group_member_of_the_calls_rule_may_decide(
     tid = await awaiting_reconcile(store, slack, approvers=(SRE,))
     await delivery.deliver(tid)
     slack.usergroups[SRE] = [EVE]
-    post = card_post(slack, b.RETRY_ACTION)
+    post = card_post(slack, RETRY_ACTION)
     async with served(store, slack) as s:
-        await s.send(click(slack, post, b.RETRY_ACTION, EVE, 1))
+        await s.send(click(slack, post, RETRY_ACTION, EVE, 1))
         await s.settle()
     decided = await last_event(store, tid)
     assert isinstance(decided, ev.ReconcileDecided) and decided.reviewer == EVE
@@ -344,7 +348,7 @@ async def test_a_forged_reconcile_button_or_form_changes_nothing(
     tid = await awaiting_reconcile(store, slack)
     before = await store.select_events(tid)
     async with served(store, slack) as s:
-        for action in (b.RETRY_ACTION, b.ABANDON_ACTION, b.HAPPENED_ACTION):
+        for action in (RETRY_ACTION, ABANDON_ACTION, HAPPENED_ACTION):
             payload = fake.block_actions_payload(
                 user=BOB, action_id=action, value=forged, channel=CHANNEL, message_ts="1.2"
             )
@@ -355,20 +359,20 @@ async def test_a_forged_reconcile_button_or_form_changes_nothing(
     assert await store.select_events(tid) == before
     assert all("not valid" in t for t in ephemerals(slack, BOB))
     assert status == 200 and json.loads(text)["response_action"] == "errors"
-    assert b.NOTE_BLOCK in json.loads(text)["errors"]
+    assert NOTE_BLOCK in json.loads(text)["errors"]
 
 
 async def test_a_refused_note_shows_the_reason_under_the_note(
     store: Store, slack: FakeSlack
 ) -> None:
     tid = await awaiting_reconcile(store, slack)
-    value = b.binding_value(tid, CALL, arguments_hash("restart", ARGS))
+    value = binding_value(tid, CALL, arguments_hash("restart", ARGS))
     async with served(store, slack) as s:
         status, text = await s.send(note_submission(value, "done", EVE, "V0NOTE0003"))
     assert status == 200
     answer = json.loads(text)
     assert answer["response_action"] == "errors"
-    assert answer["errors"][b.NOTE_BLOCK] == "Nothing changed: you are not on the approvers list."
+    assert answer["errors"][NOTE_BLOCK] == "Nothing changed: you are not on the approvers list."
     assert (await store.load(tid)).status == "awaiting_reconcile"
 
 
@@ -396,7 +400,7 @@ async def awaiting_two_votes(store: Store, slack: FakeSlack) -> str:
 
 
 async def vote(s: Served, slack: FakeSlack, post: Any, user: str, n: int) -> None:
-    assert (await s.send(click(slack, post, b.APPROVE_ACTION, user, n)))[0] == 200
+    assert (await s.send(click(slack, post, APPROVE_ACTION, user, n)))[0] == 200
 
 
 async def test_a_quorum_of_two_votes_each_updating_the_card_in_place(
@@ -404,7 +408,7 @@ async def test_a_quorum_of_two_votes_each_updating_the_card_in_place(
 ) -> None:
     tid = await awaiting_two_votes(store, slack)
     await delivery.deliver(tid)
-    post = card_post(slack, b.APPROVE_ACTION)
+    post = card_post(slack, APPROVE_ACTION)
     assert "rule 3: needs 2 of" in text_of(post.params)
     assert "0 of 2 approvals so far" in text_of(post.params)
     async with served(store, slack) as s:
@@ -414,7 +418,7 @@ async def test_a_quorum_of_two_votes_each_updating_the_card_in_place(
         await delivery.deliver(tid)
         [first] = updates_of(slack, post)
         assert f"1 of 2: <@{BOB}>" in text_of(first)
-        assert b.APPROVE_ACTION in text_of(first)  # still open
+        assert APPROVE_ACTION in text_of(first)  # still open
 
         await vote(s, slack, post, BOB, 2)  # the same reviewer again
         [told] = await slack.wait_for("chat.postEphemeral")
@@ -433,8 +437,8 @@ async def test_a_quorum_of_two_votes_each_updating_the_card_in_place(
     await delivery.deliver(tid)
     first, decided = updates_of(slack, post)
     assert f"Approved by <@{BOB}> and <@{CAROL}>" in text_of(decided)
-    assert b.APPROVE_ACTION not in text_of(decided)
-    assert [m for m in slack.posted(CHANNEL) if b.APPROVE_ACTION in json.dumps(m)] == []
+    assert APPROVE_ACTION not in text_of(decided)
+    assert [m for m in slack.posted(CHANNEL) if APPROVE_ACTION in json.dumps(m)] == []
 
 
 async def test_the_requester_does_not_count_toward_the_quorum(
@@ -442,7 +446,7 @@ async def test_the_requester_does_not_count_toward_the_quorum(
 ) -> None:
     tid = await awaiting_two_votes(store, slack)
     await delivery.deliver(tid)
-    post = card_post(slack, b.APPROVE_ACTION)
+    post = card_post(slack, APPROVE_ACTION)
     async with served(store, slack) as s:
         await vote(s, slack, post, ANN, 1)
         await slack.wait_for("chat.postEphemeral")
@@ -466,10 +470,10 @@ async def test_a_vote_is_checked_against_the_groups_of_the_calls_own_rule(
         ],
     )
     await delivery.deliver(tid)
-    post = card_post(slack, b.APPROVE_ACTION)
+    post = card_post(slack, APPROVE_ACTION)
     slack.usergroups[SRE] = [CAROL]
     # The process's approvers name bob alone; the call's rule names the SRE group.
-    async with served(store, slack, approvers=ApproverPolicy(frozenset({BOB}))) as s:
+    async with served(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
         await vote(s, slack, post, BOB, 1)
         await slack.wait_for("chat.postEphemeral")
         await vote(s, slack, post, CAROL, 2)

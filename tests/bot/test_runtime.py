@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bot.blocks import APPROVE_ACTION
 from bot.outbox import pending_deliveries
+from bot.render.approval import APPROVE_ACTION
 from bot.runtime import Runtime, bind, start_runtime, web_app
 from engine.config import load_settings
 from engine.config_file import parse_config
@@ -257,7 +257,7 @@ async def test_the_file_s_sources_and_policy_are_opened_and_closed_on_the_worker
         assert pid > 0
         policy = rt.background.worker.runner.policy
         assert policy is not None and policy.policy_hash == config.policy_hash
-        assert policy.defaults.approvers == frozenset({"U0BOB"})
+        assert policy.defaults.reviewers.approvers == frozenset({"U0BOB"})
         assert [r.tool for r in policy.rules] == ["mcp__demo__echo"]
     finally:
         await rt.close(5)
@@ -288,3 +288,25 @@ async def test_tools_get_their_settings_without_the_environment(
         assert tickets.tickets_url() == f"sqlite:///{tmp_path / 'tickets.db'}"
     finally:
         await rt.close(5)
+
+
+async def test_a_trickled_slack_body_does_not_hold_the_worker_back(runtime):
+    """The worker waits while answers are in flight; a sender still sending its body is
+    not an answer in flight yet (else it could stall every thread for the body timeout)."""
+    async with TestClient(TestServer(web_app(runtime))) as client:
+        reader, writer = await asyncio.open_connection(client.host, client.port)
+        head = (
+            "POST /slack/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            'Content-Length: 20\r\n\r\n{"type":'
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        # A whole request on another connection: by its answer the first one's head has
+        # long been read and its handler is waiting for the rest of the body.
+        assert (await client.get("/healthz")).status == 200
+        assert runtime.priority.in_flight == 0
+        writer.write(b'"x"}        ')
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 30)
+        assert b" 401 " in status_line  # unsigned: refused, after the body came
+        writer.close()

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bot.blocks import APPROVE_ACTION
+from bot.render.approval import APPROVE_ACTION
 from tests.bot.test_cli import KEY, ROOT, SECRETS, _free_port, _http, _post, fakes_in_a_thread
 from tests.fakes.slack import BOT_USER_ID, app_mention_event, signed
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.blocks import APPROVE_ACTION, HAPPENED_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.reconcile import HAPPENED_ACTION
 from tests.bot.test_cli import _free_port
 from tests.bot.test_local_cli import Running, local_env, opsloop_local
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, post_user_message
 from engine.models.anthropic import DEFAULT_MODEL, AnthropicModel
-from engine.policy import ApproverPolicy
 from engine.replay import replay_all
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
@@ -144,8 +144,8 @@ async def test_approval_then_approve_runs_the_tool(store, fake, model):
     assert len(fake.requests) == 1  # nothing is asked while the call waits for a human
 
     res = await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="approve", policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="approve", reviewers=ReviewerRule(),
     )  # fmt: skip
     assert res.event.type == "approval_granted"
     fake.text("api is deployed to staging.")
@@ -174,8 +174,8 @@ async def test_a_rejection_with_reason_reaches_the_model(store, fake, model):
     state = await runner.run(tid)
     assert state.status == "awaiting_approval"
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="reject", reason="freeze until Monday", policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="reject", reason="freeze until Monday", reviewers=ReviewerRule(),
     )  # fmt: skip
     fake.text("Understood, not deploying until Monday.")
     state = await runner.run(tid)

@@ -6,10 +6,10 @@ from pydantic import BaseModel
 
 from engine import events as ev
 from engine.compaction import MAX_SUMMARY_CHARS, Digest
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, post_user_message
 from engine.models.scripted import call, say
-from engine.policy import ApproverPolicy
 from engine.replay import replay_all
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner, RunnerConfig
 from engine.store import ThreadKey
 from tests.support.fakes import RecordingModel
@@ -52,8 +52,8 @@ async def test_a_long_thread_is_compacted_within_budget_and_replays(store):
     state = await runner.run(tid)
     assert state.status == "awaiting_approval"
     reject = await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="reject", reason="not during the sale", policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="reject", reason="not during the sale", reviewers=ReviewerRule(),
     )  # fmt: skip
     assert reject.event.type == "approval_rejected"
     # A new runner (a restart) resumes from the latest compaction.

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import load_settings
+from engine.config import HttpSettings, load_settings
 from engine.errors import ConfigError
 
 
 def test_defaults_need_no_environment():
     s = load_settings({})
     assert s.database_url == "sqlite:///opsloop.db"
-    assert s.approvers.approvers == frozenset() and not s.approvers.allow_self
+    assert s.reviewers.approvers == frozenset() and not s.reviewers.allow_self
     assert s.runner.max_rejections == 3
 
 
@@ -17,9 +17,9 @@ def test_approvers_and_self_approval_are_parsed():
     s = load_settings(
         {"OPSLOOP_APPROVERS": " U012AB, S0ONCALL ,W99ZZ", "OPSLOOP_ALLOW_SELF_APPROVAL": "true"}
     )
-    assert s.approvers.approvers == {"U012AB", "S0ONCALL", "W99ZZ"}
-    assert s.approvers.groups == {"S0ONCALL"}
-    assert s.approvers.allow_self
+    assert s.reviewers.approvers == {"U012AB", "S0ONCALL", "W99ZZ"}
+    assert s.reviewers.groups == {"S0ONCALL"}
+    assert s.reviewers.allow_self
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_tool_modules_add_up_from_the_file_and_the_environment():
 
 def test_approvers_may_name_whoever_is_on_call():
     s = load_settings({"OPSLOOP_APPROVERS": "U012AB,oncall:PXXXXXX"})
-    assert s.approvers.approvers == {"U012AB", "oncall:PXXXXXX"}
+    assert s.reviewers.approvers == {"U012AB", "oncall:PXXXXXX"}
 
 
 def test_the_tools_databases_default_to_the_database_url() -> None:
@@ -127,3 +127,25 @@ def test_the_tools_databases_default_to_the_database_url() -> None:
         {"OPSLOOP_TICKETS_URL": "sqlite:///t.db", "OPSLOOP_DEMO_URL": "sqlite:///d.db"}
     )
     assert (s.tool.tickets_url, s.tool.demo_url) == ("sqlite:///t.db", "sqlite:///d.db")
+
+
+def test_the_metrics_port_is_unset_by_default_and_must_differ_from_port() -> None:
+    assert load_settings({}).metrics_port is None  # /metrics stays beside /healthz
+    assert load_settings({"OPSLOOP_METRICS_PORT": "9464"}).metrics_port == 9464
+    with pytest.raises(ConfigError) as same:
+        load_settings({"OPSLOOP_METRICS_PORT": "3000"})
+    assert str(same.value) == "OPSLOOP_METRICS_PORT must differ from PORT, not 3000"
+    with pytest.raises(ConfigError) as zero:
+        load_settings({"OPSLOOP_METRICS_PORT": "0"})
+    assert str(zero.value) == "OPSLOOP_METRICS_PORT must be at least 1, not '0'"
+
+
+def test_the_http_time_limits_default_to_10s_and_are_settable() -> None:
+    assert load_settings({}).http == HttpSettings(header_timeout_s=10.0, body_timeout_s=10.0)
+    s = load_settings(
+        {"OPSLOOP_HEADER_TIMEOUT_SECONDS": "1", "OPSLOOP_BODY_TIMEOUT_SECONDS": "2.5"}
+    )
+    assert s.http == HttpSettings(header_timeout_s=1.0, body_timeout_s=2.5)
+    with pytest.raises(ConfigError) as zero:
+        load_settings({"OPSLOOP_BODY_TIMEOUT_SECONDS": "0"})
+    assert str(zero.value) == "OPSLOOP_BODY_TIMEOUT_SECONDS must be at least 0.1, not '0'"

@@ -87,6 +87,7 @@ ANSWERS_BY_ID = {
     "decision_rejected",
     "approval_rejected",
     "approval_expired",
+    "approval_withdrawn",
     "tool_result",
     "wait_finished",
     "wait_timed_out",

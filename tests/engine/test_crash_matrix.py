@@ -19,7 +19,7 @@ from subprocess import PIPE
 import pytest
 
 from engine.state import reduce
-from engine.store import Store
+from engine.store import open_store
 from tests.support import crash_child, mcp_counter_server
 from tests.support.processes import CHILD, child_env, lines, run_child
 
@@ -36,7 +36,7 @@ async def test_an_undisturbed_run_makes_exactly_the_commits_the_matrix_kills_aft
 ):
     done = run_child(db_url, tmp_path, None)
     assert done.returncode == 0, done.stderr
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         assert info.last_seq > 0
@@ -58,7 +58,7 @@ async def test_sigkill_at_each_boundary_then_a_fresh_process_finishes(db_url, tm
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.strip() == "idle"
 
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         events = await store.select_events(info.id)
@@ -112,7 +112,7 @@ async def test_a_non_idempotent_call_killed_mid_flight_runs_again_only_if_a_pers
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.strip() == "awaiting_reconcile"
     assert len(lines(tmp_path / "restarts.log")) == 1
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         events = await store.select_events(info.id)
@@ -128,7 +128,7 @@ async def test_a_non_idempotent_call_killed_mid_flight_runs_again_only_if_a_pers
     restarts = lines(tmp_path / "restarts.log")
     assert len(restarts) == runs
     assert len({line.split()[1] for line in restarts}) == 1  # the same key on a retry
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         events = await store.select_events(info.id)
     finally:
@@ -217,7 +217,7 @@ async def test_a_real_mcp_call_killed_mid_flight_runs_again_only_if_a_person_say
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
     assert mcp_counter_server.count(tmp_path) == 1
     assert_no_server_left(tmp_path, 1)
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         types = [e.type for e in await store.select_events(info.id)]
@@ -232,7 +232,7 @@ async def test_a_real_mcp_call_killed_mid_flight_runs_again_only_if_a_person_say
     assert second.stdout.strip() == "awaiting_reconcile"
     assert mcp_counter_server.count(tmp_path) == 1
     assert_no_server_left(tmp_path, 2)
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         events = await store.select_events(info.id)
@@ -246,7 +246,7 @@ async def test_a_real_mcp_call_killed_mid_flight_runs_again_only_if_a_person_say
     assert third.stdout.strip() == "idle"
     assert mcp_counter_server.count(tmp_path) == runs
     assert_no_server_left(tmp_path, 3)
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         events = await store.select_events(info.id)
     finally:
@@ -276,7 +276,7 @@ async def test_two_processes_driving_one_thread_at_once_never_double_anything(db
         outputs = await asyncio.gather(*(p.communicate() for p in procs))
     assert [p.returncode for p in procs] == [0, 0], [err.decode()[-3000:] for _, err in outputs]
 
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     try:
         (info,) = await store.list_threads()
         events = await store.select_events(info.id)

@@ -50,6 +50,7 @@ SAMPLES: dict[str, ev.Event] = {
             actor="U3", tool_call_id="toolu_5", decision="approve", reason="not an approver"
         ),
         ev.ApprovalExpired(tool_call_id="toolu_5"),
+        ev.ApprovalWithdrawn(actor="U1", tool_call_id="toolu_5", reason="superseded"),
         ev.ToolStarted(tool_call_id="toolu_5", attempt=2),
         ev.ToolResult(
             actor="tool", tool_call_id="toolu_5", attempt=2, ok=True, output={"v": [1, "x"]}
@@ -218,6 +219,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "approval_granted",
         "approval_rejected",
         "approval_refused",
+        "approval_withdrawn",
         "reconcile_decided",
         "wait_finished",
     }
@@ -237,6 +239,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "tool_result",
         "approval_granted",
         "approval_expired",
+        "approval_withdrawn",
         "wait_finished",
         "wait_timed_out",
         "decision_rejected",

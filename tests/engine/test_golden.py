@@ -89,7 +89,7 @@ async def test_the_log_stores_and_reads_back_the_same(golden: Golden, store: Sto
     state = await store.load(thread_id)
     for e in golden.events:
         # The store's own write path, event by event, so each keeps its time.
-        done = await store.insert_events(thread_id, [e], e.seq - 1, state=state, now=e.created_at)
+        done = await store.append(thread_id, e.seq - 1, [e], state=state, now=e.created_at)
         assert done.state is not None and not done.deduplicated
         state = done.state
     expected = [e.model_copy(update={"thread_id": thread_id}) for e in golden.events]

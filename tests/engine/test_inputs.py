@@ -25,16 +25,17 @@ from engine.inputs import (
     finish_wait,
     post_user_message,
 )
-from engine.policy import ApproverPolicy, arguments_hash
+from engine.policy import arguments_hash
+from engine.reviewers import ReviewerRule
 from engine.state import ThreadState
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tests.support.logs import answered, approval_pending, clarification_asked, waiting_on_job
 
 REQ = "U0REQUEST"
 BOSS = "U0BOSS"
 ONCALL = "S0ONCALL"
-OPEN = ApproverPolicy()  # anyone but the requester
-STRICT = ApproverPolicy(frozenset({BOSS, ONCALL}))
+OPEN = ReviewerRule()  # anyone but the requester
+STRICT = ReviewerRule(frozenset({BOSS, ONCALL}))
 CALL = "toolu_9"
 ARGS = {"service": "api", "env": "staging"}
 HASH = arguments_hash("deploy", ARGS)
@@ -104,7 +105,7 @@ async def test_a_message_that_may_not_start_a_thread_needs_one(store: Store) -> 
 
 
 async def test_concurrent_redeliveries_store_one_message(store: Store, db_url: str) -> None:
-    stores = [await Store.open(db_url, create=False, pool_size=1) for _ in range(5)]
+    stores = [await open_store(db_url, create=False, pool_size=1) for _ in range(5)]
     try:
         results = await asyncio.gather(
             *(
@@ -159,9 +160,9 @@ async def decide(store: Store, thread_id: str, **overrides: Any) -> Accepted | R
     ``overrides`` change one thing at a time."""
     click: dict[str, Any] = {
         "tool_call_id": CALL,
-        "reviewer": "U0REVIEW",
+        "decider": Decider("U0REVIEW"),
         "decision": "approve",
-        "policy": OPEN,
+        "reviewers": OPEN,
         "arguments_hash": HASH,
     }
     return await decide_approval(store, thread_id, **{**click, **overrides})
@@ -199,12 +200,12 @@ async def test_second_click_is_refused_naming_the_first_decider(
 ) -> None:
     tid = await awaiting_approval(store)
     won = await decide(
-        store, tid, reviewer="U0FIRST", decision=first, dedupe_key="1700000001.000001"
+        store, tid, decider=Decider("U0FIRST"), decision=first, dedupe_key="1700000001.000001"
     )
     assert isinstance(won, Accepted)
     before = await store.load(tid)
     lost = await decide(
-        store, tid, reviewer="U0SECOND", decision=second, dedupe_key="1700000002.000002"
+        store, tid, decider=Decider("U0SECOND"), decision=second, dedupe_key="1700000002.000002"
     )
     assert isinstance(lost, Refused)
     assert re.fullmatch(rf"already {verdict} by U0FIRST at \d\d:\d\d UTC", lost.reason)
@@ -221,14 +222,14 @@ async def test_second_click_is_refused_naming_the_first_decider(
 
 async def test_concurrent_clicks_decide_once(store: Store, db_url: str) -> None:
     tid = await awaiting_approval(store)
-    stores = [await Store.open(db_url, create=False, pool_size=1) for _ in range(4)]
+    stores = [await open_store(db_url, create=False, pool_size=1) for _ in range(4)]
     try:
         results = await asyncio.gather(
             *(
                 decide(
                     s,
                     tid,
-                    reviewer=f"U0REV{i}",
+                    decider=Decider(f"U0REV{i}"),
                     decision="approve" if i % 2 else "reject",
                     dedupe_key=f"17000000{i}.0",
                 )
@@ -253,7 +254,7 @@ async def test_unauthorised_reviewer_is_refused_and_audited(store: Store) -> Non
     tid = await awaiting_approval(store)
     before = await store.load(tid)
     refused = await decide(
-        store, tid, reviewer="U0RANDOM", policy=STRICT, reviewer_groups=["S0OTHER"]
+        store, tid, decider=Decider("U0RANDOM", frozenset(["S0OTHER"])), reviewers=STRICT
     )
     assert isinstance(refused, Refused) and "approvers list" in refused.reason
     assert isinstance(refused.event, ev.ApprovalRefused)
@@ -265,24 +266,33 @@ async def test_unauthorised_reviewer_is_refused_and_audited(store: Store) -> Non
 
     for reviewer, groups in [(BOSS, []), ("U0MEMBER", [ONCALL])]:
         tid2 = await awaiting_approval(store, ts=f"2.{reviewer}")
-        ok = await decide(store, tid2, reviewer=reviewer, policy=STRICT, reviewer_groups=groups)
+        ok = await decide(
+            store, tid2, decider=Decider(reviewer, frozenset(groups)), reviewers=STRICT
+        )
         assert isinstance(ok, Accepted) and ok.event.type == "approval_granted"
 
 
 async def test_self_approval_is_refused_unless_allowed(store: Store) -> None:
     tid = await awaiting_approval(store)
     before = await store.load(tid)
-    refused = await decide(store, tid, reviewer=REQ)
+    refused = await decide(store, tid, decider=Decider(REQ))
     assert isinstance(refused, Refused) and "self-approval" in refused.reason
     assert same_but_seq(await store.load(tid), before)
-    allowed = await decide(store, tid, reviewer=REQ, policy=ApproverPolicy(allow_self=True))
+    allowed = await decide(
+        store, tid, decider=Decider(REQ), reviewers=ReviewerRule(allow_self=True)
+    )
     assert isinstance(allowed, Accepted) and allowed.event.actor == REQ
 
 
 async def test_requester_may_withdraw_their_own_call(store: Store) -> None:
     tid = await awaiting_approval(store)
     done = await decide(
-        store, tid, reviewer=REQ, decision="reject", policy=STRICT, reason="wrong service"
+        store,
+        tid,
+        decider=Decider(REQ),
+        decision="reject",
+        reviewers=STRICT,
+        reason="wrong service",
     )
     assert isinstance(done, Accepted) and done.event.type == "approval_rejected"
 
@@ -299,7 +309,12 @@ async def test_a_stale_card_is_refused(store: Store) -> None:
 
 async def test_redelivered_click_is_a_no_op(store: Store) -> None:
     tid = await awaiting_approval(store)
-    click = {"tool_call_id": CALL, "reviewer": "U0REVIEW", "decision": "approve", "policy": OPEN}
+    click = {
+        "tool_call_id": CALL,
+        "decider": Decider("U0REVIEW"),
+        "decision": "approve",
+        "reviewers": OPEN,
+    }
     first = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
     seq = (await store.load(tid)).last_seq
     again = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
@@ -313,7 +328,12 @@ async def test_redelivered_click_is_a_no_op(store: Store) -> None:
 
 async def test_redelivered_refused_click_is_refused_once(store: Store) -> None:
     tid = await awaiting_approval(store)
-    click = {"tool_call_id": CALL, "reviewer": "U0RANDOM", "decision": "approve", "policy": STRICT}
+    click = {
+        "tool_call_id": CALL,
+        "decider": Decider("U0RANDOM"),
+        "decision": "approve",
+        "reviewers": STRICT,
+    }
     first = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
     again = await decide_approval(store, tid, **click, dedupe_key="1700000001.000001")
     assert isinstance(first, Refused) and isinstance(again, Refused)
@@ -363,30 +383,32 @@ async def test_finish_wait_once(store: Store) -> None:
 async def test_requester_and_approvers_may_cancel_others_may_not(store: Store) -> None:
     tid = await awaiting_approval(store)
     before = await store.load(tid)
-    refused = await cancel(store, tid, by="U0RANDOM", policy=STRICT)
+    refused = await cancel(store, tid, decider=Decider("U0RANDOM"), reviewers=STRICT)
     assert isinstance(refused, Refused) and "requester or an approver" in refused.reason
     assert isinstance(refused.event, ev.ApprovalRefused)
     assert same_but_seq(await store.load(tid), before)
 
-    done = await cancel(store, tid, by=REQ, policy=STRICT, reason="not needed")
+    done = await cancel(store, tid, decider=Decider(REQ), reviewers=STRICT, reason="not needed")
     assert isinstance(done, Accepted) and isinstance(done.event, ev.ThreadCancelled)
     assert done.event.reason == "not needed"
     assert (await store.load(tid)).status == "cancelled"
-    twice = await cancel(store, tid, by=REQ, policy=STRICT)
+    twice = await cancel(store, tid, decider=Decider(REQ), reviewers=STRICT)
     assert isinstance(twice, Refused) and "cancelled" in twice.reason
 
     for who, groups in [(BOSS, []), ("U0MEMBER", [ONCALL])]:
         other = await awaiting_approval(store, ts=f"3.{who}")
-        ok = await cancel(store, other, by=who, policy=STRICT, user_groups=groups)
+        ok = await cancel(store, other, decider=Decider(who, frozenset(groups)), reviewers=STRICT)
         assert isinstance(ok, Accepted)
     # With no approvers list, any approver (anyone) may cancel.
     anyone = await awaiting_approval(store, ts="4.0")
-    assert isinstance(await cancel(store, anyone, by="U0RANDOM", policy=OPEN), Accepted)
+    assert isinstance(
+        await cancel(store, anyone, decider=Decider("U0RANDOM"), reviewers=OPEN), Accepted
+    )
 
 
 async def test_a_thread_with_nothing_in_it_cannot_be_cancelled(store: Store) -> None:
     tid = await store.create_thread(key("9.9"))
-    refused = await cancel(store, tid, by=REQ, policy=OPEN)
+    refused = await cancel(store, tid, decider=Decider(REQ), reviewers=OPEN)
     assert isinstance(refused, Refused) and "new" in refused.reason
     assert await store.select_events(tid) == []
 
@@ -430,7 +452,7 @@ async def ruled_thread(store: Store, approvers: tuple[str, ...], quorum: int = 1
 
 async def vote(store: Store, tid: str, decider: Decider, **kw: Any) -> Accepted | Refused:
     return await decide_approval(
-        store, tid, tool_call_id=CALL, decision="approve", policy=OPEN, decider=decider, **kw
+        store, tid, tool_call_id=CALL, decision="approve", reviewers=OPEN, decider=decider, **kw
     )
 
 
@@ -490,7 +512,7 @@ async def test_cancel_by_someone_who_may_not_decide_the_call_is_refused_and_reco
     tid = await ruled_thread(store, (BOB,))  # no process approvers: OPEN
     before = await store.load(tid)
     assert isinstance(await vote(store, tid, Decider(BOSS)), Refused)
-    refused = await cancel(store, tid, by=BOSS, policy=OPEN, dedupe_key="click:1")
+    refused = await cancel(store, tid, decider=Decider(BOSS), reviewers=OPEN, dedupe_key="click:1")
     assert isinstance(refused, Refused)
     assert refused.reason == "only the requester or an approver of the pending call can cancel"
     event = refused.event
@@ -499,7 +521,7 @@ async def test_cancel_by_someone_who_may_not_decide_the_call_is_refused_and_reco
     assert (await types(store, tid))[-1] == "approval_refused"
     after = await store.load(tid)
     assert after.status == "awaiting_approval" and after.last_seq == before.last_seq + 2
-    again = await cancel(store, tid, by=BOSS, policy=OPEN, dedupe_key="click:1")
+    again = await cancel(store, tid, decider=Decider(BOSS), reviewers=OPEN, dedupe_key="click:1")
     assert isinstance(again, Refused) and again.event == event  # a redelivery records once
     assert (await store.load(tid)).last_seq == after.last_seq
 
@@ -509,9 +531,9 @@ async def test_the_rules_own_approver_may_cancel_though_the_process_names_others
 ) -> None:
     tid = await ruled_thread(store, (BOB,))
     # STRICT names BOSS and ONCALL for the process; this call's rule names only BOB.
-    boss = await cancel(store, tid, by=BOSS, policy=STRICT)
+    boss = await cancel(store, tid, decider=Decider(BOSS), reviewers=STRICT)
     assert isinstance(boss, Refused) and isinstance(boss.event, ev.ApprovalRefused)
-    done = await cancel(store, tid, by=BOB, policy=STRICT, reason="not today")
+    done = await cancel(store, tid, decider=Decider(BOB), reviewers=STRICT, reason="not today")
     assert isinstance(done, Accepted) and isinstance(done.event, ev.ThreadCancelled)
     assert (await store.load(tid)).status == "cancelled"
 
@@ -522,9 +544,7 @@ async def test_the_rules_own_approver_may_cancel_though_the_process_names_others
     grouped = await started_thread(store, "2.0")
     await store.append(grouped, 1, restart_log(grouped, (SRE,)))
     member = Decider(CAROL, resolve=resolve)
-    assert isinstance(
-        await cancel(store, grouped, by=CAROL, policy=STRICT, decider=member), Accepted
-    )
+    assert isinstance(await cancel(store, grouped, decider=member, reviewers=STRICT), Accepted)
 
 
 @pytest.mark.parametrize("pending", [True, False])
@@ -536,7 +556,7 @@ async def test_the_requester_may_cancel_whatever_the_rule_says(store: Store, pen
         await store.append(tid, state.last_seq, [ev.ApprovalRejected(actor=BOB, tool_call_id=CALL)])
         await store.append(tid, state.last_seq + 1, answered("not deployed"))
         assert (await store.load(tid)).pending is None
-    done = await cancel(store, tid, by=REQ, policy=OPEN)
+    done = await cancel(store, tid, decider=Decider(REQ), reviewers=OPEN)
     assert isinstance(done, Accepted) and done.event.type == "thread_cancelled"
 
 
@@ -546,15 +566,15 @@ async def test_a_stranger_cannot_cancel_a_finished_thread_when_no_approvers_are_
     tid = await started_thread(store)
     await store.append(tid, 1, answered("done"))
     assert (await store.load(tid)).status == "idle"
-    refused = await cancel(store, tid, by=BOSS, policy=OPEN)
+    refused = await cancel(store, tid, decider=Decider(BOSS), reviewers=OPEN)
     assert isinstance(refused, Refused) and refused.reason == "only the requester can cancel"
     assert isinstance(refused.event, ev.ApprovalRefused)
     assert (refused.event.decision, refused.event.tool_call_id) == ("cancel", None)
     assert (await store.load(tid)).status == "idle"
     # With process approvers and nothing pending, they may; others still may not.
-    other = await cancel(store, tid, by=BOB, policy=STRICT)
+    other = await cancel(store, tid, decider=Decider(BOB), reviewers=STRICT)
     assert isinstance(other, Refused) and "requester or an approver" in other.reason
-    assert isinstance(await cancel(store, tid, by=BOSS, policy=STRICT), Accepted)
+    assert isinstance(await cancel(store, tid, decider=Decider(BOSS), reviewers=STRICT), Accepted)
 
 
 # --- reconcile ------------------------------------------------------------------------
@@ -578,7 +598,7 @@ async def reconcile(
     store: Store, tid: str, decider: Decider, decision: ev.ReconcileDecision, **kw: Any
 ) -> Accepted | Refused:
     return await decide_reconcile(
-        store, tid, tool_call_id=CALL, decider=decider, decision=decision, policy=OPEN, **kw
+        store, tid, tool_call_id=CALL, decider=decider, decision=decision, reviewers=OPEN, **kw
     )
 
 
@@ -588,7 +608,7 @@ async def test_reconcile_by_a_reviewer_of_the_call(
 ) -> None:
     tid = await unknown_thread(store)
     checked = await check_reconcile(
-        store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN
+        store, tid, tool_call_id=CALL, decider=Decider(CAROL), reviewers=OPEN
     )
     assert isinstance(checked, Decidable) and checked.tool_call_id == CALL
     assert (await store.load(tid)).status == "awaiting_reconcile"  # nothing stored
@@ -613,14 +633,14 @@ async def test_reconcile_is_refused_to_others_and_to_the_requester(store: Store)
         # Refused before the note modal opens: recorded as any refused click is.
         before = (await store.load(tid)).last_seq
         why_not = await check_reconcile(
-            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN, dedupe_key=who
+            store, tid, tool_call_id=CALL, decider=Decider(who), reviewers=OPEN, dedupe_key=who
         )
         assert isinstance(why_not, Refused) and why in why_not.reason
         assert isinstance(why_not.event, ev.ApprovalRefused)
         assert why_not.event.decision == "happened" and why_not.event.actor == who
         assert (await store.load(tid)).last_seq == before + 1
         again = await check_reconcile(
-            store, tid, tool_call_id=CALL, decider=Decider(who), policy=OPEN, dedupe_key=who
+            store, tid, tool_call_id=CALL, decider=Decider(who), reviewers=OPEN, dedupe_key=who
         )
         assert isinstance(again, Refused) and again.event == why_not.event  # once
         assert (await store.load(tid)).last_seq == before + 1
@@ -648,7 +668,12 @@ async def test_reconcile_is_bound_to_the_arguments_the_card_showed(store: Store)
     call = (await store.load(tid)).pending
     assert call is not None
     stale = await check_reconcile(
-        store, tid, tool_call_id=CALL, decider=Decider(CAROL), policy=OPEN, arguments_hash="0" * 32
+        store,
+        tid,
+        tool_call_id=CALL,
+        decider=Decider(CAROL),
+        reviewers=OPEN,
+        arguments_hash="0" * 32,
     )
     assert isinstance(stale, Refused)
     assert stale.reason == "this card is out of date: the call's arguments differ"
@@ -658,3 +683,42 @@ async def test_reconcile_is_bound_to_the_arguments_the_card_showed(store: Store)
     card_hash = arguments_hash(call.intent, call.arguments)
     done = await reconcile(store, tid, Decider(CAROL), "retry", arguments_hash=card_hash)
     assert isinstance(done, Accepted)
+
+
+# --- a newer message supersedes the card (issue 17 §1) -------------------------------------
+
+
+async def test_the_requesters_message_withdraws_the_pending_card_once(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    said = await post_user_message(
+        store, key("1.0"), text="actually, production", user=REQ, dedupe_key="Ev-newer"
+    )
+    assert isinstance(said, Accepted) and said.event.type == "user_message"
+    assert (await types(store, tid))[-2:] == ["approval_withdrawn", "user_message"]
+    withdrawn = (await store.select_events(tid))[-2]
+    assert isinstance(withdrawn, ev.ApprovalWithdrawn)
+    assert (withdrawn.actor, withdrawn.tool_call_id) == (REQ, CALL)
+    assert withdrawn.reason == f"superseded by a newer message from <@{REQ}>"
+    state = await store.load(tid)
+    assert state.status == "running" and state.pending is None
+    assert state.setback is not None and state.setback.kind == "withdrawn"
+    # Slack redelivers the message: nothing is withdrawn twice, nothing is added.
+    again = await post_user_message(
+        store, key("1.0"), text="actually, production", user=REQ, dedupe_key="Ev-newer"
+    )
+    assert isinstance(again, Accepted) and again.deduplicated
+    assert (await types(store, tid)).count("approval_withdrawn") == 1
+    # A click on the withdrawn card is refused as stale, and recorded.
+    late = await decide(store, tid, decider=Decider(BOSS))
+    assert isinstance(late, Refused) and "withdrawn" in late.reason
+    assert (await types(store, tid))[-1] == "approval_refused"
+
+
+async def test_someone_elses_message_leaves_the_card_standing(store: Store) -> None:
+    tid = await awaiting_approval(store)
+    await post_user_message(store, key("1.0"), text="looks fine to me", user=BOSS)
+    state = await store.load(tid)
+    assert state.status == "awaiting_approval" and state.pending is not None
+    assert [n.actor for n in state.pending.said_since] == [BOSS]
+    assert "approval_withdrawn" not in await types(store, tid)
+    assert isinstance(await decide(store, tid), Accepted)  # the card still decides

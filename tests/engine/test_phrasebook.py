@@ -15,10 +15,11 @@ import pytest
 
 from engine import events as ev
 from engine.context import project
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, post_user_message
 from engine.models.base import Decision
 from engine.models.phrasebook import PHRASEBOOK, PhrasebookModel
-from engine.policy import ApproverPolicy, classify
+from engine.policy import classify
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.support.fakes import FakeClock
@@ -419,8 +420,8 @@ async def test_end_to_end_an_approved_deploy_deploys_once(store, run, tmp_path) 
     assert state.status == "awaiting_approval"
     assert demo_rows(tmp_path, "deployments") == []  # nothing runs before the approval
     granted = await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="approve", policy=ApproverPolicy(), now=run.clock.now,
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="approve", reviewers=ReviewerRule(), now=run.clock.now,
     )  # fmt: skip
     assert granted.event.type == "approval_granted"
     assert (await run().run(tid)).status == "idle"
@@ -434,8 +435,9 @@ async def test_end_to_end_a_rejected_deploy_is_not_deployed(store, run, tmp_path
     tid = await post(store, "deploy api to staging")
     state = await run().run(tid)
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="reject", reason="freeze until Monday", policy=ApproverPolicy(), now=run.clock.now,
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="reject", reason="freeze until Monday", reviewers=ReviewerRule(),
+        now=run.clock.now,
     )  # fmt: skip
     assert (await run().run(tid)).status == "idle"
     assert demo_rows(tmp_path, "deployments") == []
@@ -455,8 +457,8 @@ async def test_end_to_end_the_reply_to_the_question_is_deployed(store, run, tmp_
     assert state.status == "awaiting_approval"
     assert state.pending.arguments == {"service": "web", "environment": "staging"}
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="approve", policy=ApproverPolicy(), now=run.clock.now,
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="approve", reviewers=ReviewerRule(), now=run.clock.now,
     )  # fmt: skip
     assert (await run().run(tid)).status == "idle"
     assert len(demo_rows(tmp_path, "deployments")) == 1
@@ -523,11 +525,13 @@ async def test_end_to_end_a_message_during_the_approval_is_answered_with_the_res
 ) -> None:
     tid = await post(store, "deploy api to staging")
     state = await run().run(tid)
-    await post(store, "any news?", n=2)
+    # Someone other than the requester: the card stands (the requester's own words
+    # would withdraw it, and the model would decide again).
+    await post(store, "any news?", n=2, user_id="U_CAROL")
     assert (await run().run(tid)).status == "awaiting_approval"  # words alone change nothing
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="approve", policy=ApproverPolicy(), now=run.clock.now,
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="approve", reviewers=ReviewerRule(), now=run.clock.now,
     )  # fmt: skip
     assert (await run().run(tid)).status == "idle"
     [answer] = await final_answers(store, tid)
@@ -621,7 +625,7 @@ async def test_a_demo_phrase_without_the_local_file_says_where_its_tools_come_fr
 ) -> None:
     for text in ("list services", "scale api to 3", "restart api"):
         answer = final_text(await decide([user(text)], registry))
-        assert "isn't loaded" in answer and "bot/local/opsloop.yaml" in answer
+        assert "isn't loaded" in answer and "localslack/opsloop.yaml" in answer
 
 
 async def test_catalog_and_platform_results_are_summarised(demo_registry) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field
 
-from engine.config import approver_policy
-from engine.errors import ConfigError
 from engine.events import CLARIFICATION_TOOL
 from engine.models.base import Decision, ToolUse
-from engine.policy import ApproverPolicy, arguments_hash, classify
+from engine.policy import arguments_hash, classify
 from tools import ToolContext, ToolRegistry, tool
 
 REGISTRY = ToolRegistry()
@@ -137,102 +135,6 @@ def test_invalid_clarification_is_rejected(arguments: dict) -> None:
 def test_valid_call_gets_its_tool_policy(name: str, arguments: dict, kind: str) -> None:
     verdict = classify(use(name, **arguments), REGISTRY)
     assert (verdict.kind, verdict.reason) == (kind, "")
-
-
-# --- ApproverPolicy ------------------------------------------------------------------------
-
-
-def test_empty_list_lets_anyone_but_the_requester_approve() -> None:
-    policy = ApproverPolicy()
-    assert policy.check("approve", "U2", requester="U1") is None
-    assert policy.check("reject", "U3", requester="U1") is None
-    why = policy.check("approve", "U1", requester="U1")
-    assert why is not None and "self-approval" in why
-    assert policy.is_approver("U_ANYONE")
-
-
-def test_self_approval_flag_lets_the_requester_approve() -> None:
-    assert ApproverPolicy(allow_self=True).check("approve", "U1", requester="U1") is None
-    listed = ApproverPolicy(frozenset({"U1"}), allow_self=False)
-    assert listed.check("approve", "U1", requester="U1") is not None
-    assert ApproverPolicy(frozenset({"U1"}), allow_self=True).check("approve", "U1", "U1") is None
-
-
-def test_listed_user_ids_may_decide_and_others_may_not() -> None:
-    policy = ApproverPolicy(frozenset({"U_BOSS", "W_ENT"}))
-    assert policy.check("approve", "U_BOSS", requester="U1") is None
-    assert policy.check("approve", "W_ENT", requester="U1") is None
-    for decision in ("approve", "reject"):
-        why = policy.check(decision, "U_RANDOM", requester="U1")
-        assert why is not None and "approvers list" in why
-
-
-def test_user_groups_grant_approval_through_membership() -> None:
-    policy = ApproverPolicy(frozenset({"S_ONCALL", "U_BOSS"}))
-    assert policy.groups == frozenset({"S_ONCALL"})
-    assert policy.check("approve", "U7", "U1", reviewer_groups=["S_ONCALL"]) is None
-    assert policy.check("approve", "U7", "U1", reviewer_groups={"S_OTHER", "S_ONCALL"}) is None
-    assert policy.check("approve", "U7", "U1", reviewer_groups=["S_OTHER"]) is not None
-    assert policy.check("approve", "U7", "U1") is not None
-    # A group id is not a user id: a user called like the group gains nothing.
-    assert not ApproverPolicy(frozenset({"S_ONCALL"})).is_approver("U7", ["U_BOSS"])
-
-
-def test_requester_may_reject_their_own_call() -> None:
-    policy = ApproverPolicy(frozenset({"U_BOSS"}))
-    assert policy.check("reject", "U1", requester="U1") is None
-    assert policy.check("approve", "U1", requester="U1") is not None
-
-
-def test_requester_on_the_list_still_needs_self_approval() -> None:
-    why = ApproverPolicy(frozenset({"U1"})).check("approve", "U1", requester="U1")
-    assert why is not None and "self-approval" in why
-
-
-@pytest.mark.parametrize(
-    ("approvers", "allow_self", "ids", "allowed"),
-    [
-        (None, None, frozenset(), False),
-        ("", "", frozenset(), False),
-        ("U012AB", "true", frozenset({"U012AB"}), True),
-        (" U012AB, S0ONCALL ,,W99ZZ ", "TRUE", frozenset({"U012AB", "S0ONCALL", "W99ZZ"}), True),
-        ("U012AB,U012AB", "1", frozenset({"U012AB"}), True),
-        ("U012AB", "yes", frozenset({"U012AB"}), True),
-        ("U012AB", " on ", frozenset({"U012AB"}), True),
-        ("U012AB", "false", frozenset({"U012AB"}), False),
-        ("U012AB", "0", frozenset({"U012AB"}), False),
-        ("U012AB", "off", frozenset({"U012AB"}), False),
-    ],
-)
-def test_parse_from_environment_strings(
-    approvers: str | None, allow_self: str | None, ids: frozenset[str], allowed: bool
-) -> None:
-    env = {
-        k: v
-        for k, v in {
-            "OPSLOOP_APPROVERS": approvers,
-            "OPSLOOP_ALLOW_SELF_APPROVAL": allow_self,
-        }.items()
-        if v is not None
-    }
-    policy = approver_policy(env)
-    assert policy == ApproverPolicy(ids, allowed)
-
-
-@pytest.mark.parametrize(
-    ("env", "variable"),
-    [
-        ({"OPSLOOP_APPROVERS": "alice"}, "OPSLOOP_APPROVERS"),
-        ({"OPSLOOP_APPROVERS": "U012AB,#ops"}, "OPSLOOP_APPROVERS"),
-        ({"OPSLOOP_ALLOW_SELF_APPROVAL": "sometimes"}, "OPSLOOP_ALLOW_SELF_APPROVAL"),
-    ],
-)
-def test_bad_environment_strings_are_refused_naming_the_variable(
-    env: dict[str, str], variable: str
-) -> None:
-    with pytest.raises(ConfigError) as info:
-        approver_policy(env)
-    assert variable in str(info.value)
 
 
 # --- arguments_hash -----------------------------------------------------------------------

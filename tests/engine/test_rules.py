@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.config_file import PolicyRule, load_config_file, parse_config
+from engine.reviewers import ReviewerRule
 from engine.rules import (
     Defaults,
     RuleDecision,
@@ -18,11 +20,10 @@ from engine.rules import (
     decide,
     matches,
     offered,
-    quorum_met,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULTS = Defaults(approvers=frozenset({"S0SRE"}), allow_self=False, expires_in_s=86400.0)
+DEFAULTS = Defaults(ReviewerRule(frozenset({"S0SRE"})), expires_in_s=86400.0)
 PROD = {"properties": {"environment": {"const": "production"}}, "required": ["environment"]}
 
 
@@ -88,16 +89,11 @@ def test_the_example_rule_keys_reach_the_decision():
     deploy = call(example_rules(), "deploy", {"environment": "production"})
     assert deploy == RuleDecision(
         policy="approve_before_run",
-        rule=2,
-        approvers=frozenset({"S0SRE"}),
-        quorum=2,
-        allow_self=False,
+        reviewers=ReviewerRule(frozenset({"S0SRE"}), quorum=2, rule=2),
         expires_in_s=7200.0,
-        remind_after_s=1800.0,
-        escalate_to=("oncall:PXXXXXX",),
     )
     restart = call(example_rules(), "restart_service", {"service": "web"}, source="http")
-    assert (restart.max_grant_s, restart.quorum, restart.expires_in_s) == (3600.0, 1, 86400.0)
+    assert (restart.reviewers.quorum, restart.expires_in_s) == (1, 86400.0)
     delete = call(example_rules(), "mcp__kube__resources_delete", source="mcp:kube")
     assert delete.reason == "Deleting resources is not allowed from chat."
 
@@ -123,9 +119,6 @@ def test_every_rule_key_is_carried():
                 "quorum": 3,
                 "allow_self": True,
                 "expires_in": "10m",
-                "remind_after": "30s",
-                "escalate_to": ["oncall:P123ABC", "U0A1"],
-                "max_grant": "1d",
                 "channels": ["C0OPS", "G0PRIV", "D0DM"],
                 "idempotent": False,
                 "trust_hints": True,
@@ -136,15 +129,11 @@ def test_every_rule_key_is_carried():
     )
     assert got == RuleDecision(
         policy="approve_before_run",
-        rule=0,
+        reviewers=ReviewerRule(
+            frozenset({"U0A1", "W0B2", "S0C3", "oncall:P123ABC"}), quorum=3, allow_self=True, rule=0
+        ),
         reason="because",
-        approvers=frozenset({"U0A1", "W0B2", "S0C3", "oncall:P123ABC"}),
-        quorum=3,
-        allow_self=True,
         expires_in_s=600.0,
-        remind_after_s=30.0,
-        escalate_to=("oncall:P123ABC", "U0A1"),
-        max_grant_s=86400.0,
         idempotent=False,
         trust_hints=True,
     )
@@ -170,7 +159,8 @@ def test_every_rule_key_is_carried():
 )
 def test_a_rule_key_left_out_falls_back_to_the_defaults(rule, field, expected):
     got = call(rules({"tool": "t", "policy": "approve_before_run", **rule}), "t")
-    assert getattr(got, field) == expected
+    holder = got.reviewers if field in ("approvers", "allow_self", "quorum") else got
+    assert getattr(holder, field) == expected
 
 
 # --- first match, globs, when ---------------------------------------------------------------------
@@ -262,7 +252,7 @@ def test_no_rule_leaves_the_tools_own_policy(source, default_policy, expected):
         default_policy=default_policy,
     )
     assert (got.policy, got.rule, got.idempotent) == (expected, None, None)
-    assert got.approvers == DEFAULTS.approvers and got.expires_in_s == DEFAULTS.expires_in_s
+    assert got.reviewers == DEFAULTS.reviewers and got.expires_in_s == DEFAULTS.expires_in_s
 
 
 # --- channels -----------------------------------------------------------------------------
@@ -425,24 +415,35 @@ def test_a_conditional_reject_answers_the_call_with_its_reason():
     ],
 )
 def test_quorum_counts_distinct_approvers_not_the_requester(votes, quorum, requester, met):
-    assert quorum_met(votes, quorum, requester) is met
+    assert ReviewerRule(quorum=quorum).met(votes, requester) is met
 
 
 def test_self_approval_counts_the_requester_once_when_allowed():
-    assert quorum_met(["U0REQ"], 1, "U0REQ", allow_self=True)
-    assert not quorum_met(["U0REQ", "U0REQ"], 2, "U0REQ", allow_self=True)
+    assert ReviewerRule(allow_self=True).met(["U0REQ"], "U0REQ")
+    assert not ReviewerRule(quorum=2, allow_self=True).met(["U0REQ", "U0REQ"], "U0REQ")
 
 
 # --- compare ------------------------------------------------------------------------------
 
-APPROVE = RuleDecision(policy="approve_before_run", approvers=frozenset({"S0SRE"}), quorum=2)
+SRE = ReviewerRule(frozenset({"S0SRE"}), quorum=2)
+APPROVE = RuleDecision(policy="approve_before_run", reviewers=SRE)
+
+
+def approve(**changes: Any) -> RuleDecision:
+    """APPROVE with reviewer fields (approvers, quorum, allow_self, rule) or its own changed."""
+    mine = {
+        k: changes.pop(k)
+        for k in list(changes)
+        if k in ("approvers", "quorum", "allow_self", "rule")
+    }
+    return RuleDecision(**{**APPROVE.__dict__, "reviewers": replace(SRE, **mine), **changes})
 
 
 @pytest.mark.parametrize(
     ("recorded", "new", "expected"),
     [
         (APPROVE, APPROVE, "same"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "rule": 7, "reason": "x"}), "same"),
+        (APPROVE, approve(rule=7, reason="x"), "same"),
         (
             RuleDecision(policy="run_now"),
             RuleDecision(policy="wait_for_external_event"),
@@ -462,55 +463,24 @@ APPROVE = RuleDecision(policy="approve_before_run", approvers=frozenset({"S0SRE"
             "looser",
         ),
         # approvals: wider / emptied approvers, lower quorum, self on, longer expiry or grant
-        (
-            APPROVE,
-            RuleDecision(**{**APPROVE.__dict__, "approvers": frozenset({"S0SRE", "U0X"})}),
-            "looser",
-        ),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "approvers": frozenset()}), "looser"),
-        (RuleDecision(**{**APPROVE.__dict__, "approvers": frozenset()}), APPROVE, "stricter"),
-        (
-            RuleDecision(**{**APPROVE.__dict__, "approvers": frozenset({"S0SRE", "U0X"})}),
-            APPROVE,
-            "stricter",
-        ),
-        (
-            APPROVE,
-            RuleDecision(**{**APPROVE.__dict__, "approvers": frozenset({"S0DBA"})}),
-            "different",
-        ),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "quorum": 1}), "looser"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "quorum": 3}), "stricter"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "allow_self": True}), "looser"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "expires_in_s": 10**6}), "looser"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "expires_in_s": 60.0}), "stricter"),
-        (APPROVE, RuleDecision(**{**APPROVE.__dict__, "max_grant_s": 3600.0}), "looser"),
-        (RuleDecision(**{**APPROVE.__dict__, "max_grant_s": 3600.0}), APPROVE, "stricter"),
-        (
-            APPROVE,
-            RuleDecision(**{**APPROVE.__dict__, "idempotent": True}),
-            "same",
-        ),  # None: tool's own
-        (
-            RuleDecision(**{**APPROVE.__dict__, "idempotent": False}),
-            RuleDecision(**{**APPROVE.__dict__, "idempotent": True}),
-            "looser",
-        ),
+        (APPROVE, approve(approvers=frozenset({"S0SRE", "U0X"})), "looser"),
+        (APPROVE, approve(approvers=frozenset()), "looser"),
+        (approve(approvers=frozenset()), APPROVE, "stricter"),
+        (approve(approvers=frozenset({"S0SRE", "U0X"})), APPROVE, "stricter"),
+        (APPROVE, approve(approvers=frozenset({"S0DBA"})), "different"),
+        (APPROVE, approve(quorum=1), "looser"),
+        (APPROVE, approve(quorum=3), "stricter"),
+        (APPROVE, approve(allow_self=True), "looser"),
+        (APPROVE, approve(expires_in_s=10**6), "looser"),
+        (APPROVE, approve(expires_in_s=60.0), "stricter"),
+        (APPROVE, approve(max_grant_s=3600.0), "looser"),
+        (approve(max_grant_s=3600.0), APPROVE, "stricter"),
+        (APPROVE, approve(idempotent=True), "same"),  # None: tool's own
+        (approve(idempotent=False), approve(idempotent=True), "looser"),
         # mixed: looser one way, stricter another
-        (
-            APPROVE,
-            RuleDecision(**{**APPROVE.__dict__, "quorum": 3, "allow_self": True}),
-            "different",
-        ),
+        (APPROVE, approve(quorum=3, allow_self=True), "different"),
         # approval details do not matter once the policy itself changes
-        (APPROVE, RuleDecision(policy="reject", quorum=1), "stricter"),
-        # a recorded call that holds only some fields (an event as a mapping)
-        ({"policy": "approve_before_run"}, APPROVE, "same"),
-        ({"policy": "approve_before_run", "quorum": 3}, APPROVE, "looser"),
-        ({"policy": "approve_before_run", "approvers": ["S0SRE"], "quorum": None}, APPROVE, "same"),
-        ({"policy": "run_now"}, APPROVE, "stricter"),
-        ({"policy": "mystery"}, APPROVE, "different"),
-        ({}, APPROVE, "different"),
+        (APPROVE, RuleDecision(policy="reject"), "stricter"),
     ],
 )
 def test_compare(recorded, new, expected):
@@ -553,9 +523,9 @@ class _Facts:
 def test_an_empty_policy_set_is_the_behaviour_of_the_environment_alone() -> None:
     from engine.rules import Defaults, PolicySet
 
-    policy = PolicySet(defaults=Defaults(frozenset({"S0SRE"}), False, 3600.0))
+    policy = PolicySet(defaults=Defaults(ReviewerRule(frozenset({"S0SRE"})), 3600.0))
     d = policy.decide(_Facts("deploy", "approve_before_run"), {}, "C1")
-    assert (d.policy, d.rule, d.approvers, d.quorum, d.expires_in_s) == (
+    assert (d.policy, d.rule, d.reviewers.approvers, d.reviewers.quorum, d.expires_in_s) == (
         "approve_before_run",
         None,
         frozenset({"S0SRE"}),

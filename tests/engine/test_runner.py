@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 
 from engine.context import tools_fingerprint
-from engine.inputs import decide_approval, finish_wait, post_user_message
+from engine.inputs import Decider, decide_approval, finish_wait, post_user_message
 from engine.models.scripted import ask, call, say
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner, RunnerConfig
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tests.support.demo_tools import Args, make_tools
 from tests.support.fakes import FakeClock, RecordingModel
 from tools import ToolContext, ToolError, ToolRegistry, tool
@@ -52,8 +52,8 @@ async def test_rejection_with_reason_is_seen_by_the_model_and_nothing_runs(store
     state = await runner.run(tid)
     assert state.status == "awaiting_approval"
     res = await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision="reject", reason="freeze until Monday", policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision="reject", reason="freeze until Monday", reviewers=ReviewerRule(),
     )  # fmt: skip
     assert res.event.type == "approval_rejected"
     state = await runner.run(tid)
@@ -271,8 +271,8 @@ async def test_step_budget_stops_a_model_that_never_ends(store):
 
 
 async def test_a_message_arriving_mid_model_call_is_seen_by_the_next_decision(db_url):
-    store = await Store.open(db_url)
-    front = await Store.open(db_url)  # another process's connection pool
+    store = await open_store(db_url)
+    front = await open_store(db_url)  # another process's connection pool
     try:
         gate = asyncio.Event()
         model = RecordingModel([say("first"), say("answer with both")], gate=gate)
@@ -296,7 +296,7 @@ async def test_a_message_arriving_mid_model_call_is_seen_by_the_next_decision(db
 
 
 async def test_two_runners_on_one_thread_only_one_proceeds(db_url):
-    a, b = await Store.open(db_url), await Store.open(db_url)
+    a, b = await open_store(db_url), await open_store(db_url)
     try:
         effects: Counter = Counter()
         gate = asyncio.Event()
@@ -324,8 +324,8 @@ async def test_approval_outcome_runs_the_tool_only_when_approved(store, decision
     tid = await start(store)
     state = await runner.run(tid)
     await decide_approval(
-        store, tid, tool_call_id=state.pending.tool_call_id, reviewer="U_BOB",
-        decision=decision, policy=ApproverPolicy(),
+        store, tid, tool_call_id=state.pending.tool_call_id, decider=Decider("U_BOB"),
+        decision=decision, reviewers=ReviewerRule(),
     )  # fmt: skip
     await runner.run(tid)
     assert effects["deploy"] == (1 if decision == "approve" else 0)
@@ -343,7 +343,7 @@ async def test_a_reused_tool_use_id_is_rejected(store):
 
 
 async def test_a_runner_that_lost_its_lease_starts_nothing_new(db_url):
-    a, b = await Store.open(db_url), await Store.open(db_url)
+    a, b = await open_store(db_url), await open_store(db_url)
     try:
         effects: Counter = Counter()
         gate = asyncio.Event()

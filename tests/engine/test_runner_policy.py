@@ -3,13 +3,14 @@ call, pinned definitions, and an outcome a person reconciles; SQLite and Postgre
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from engine import events as ev
 from engine.config_file import PolicyRule
 from engine.inputs import Decider, decide_approval, decide_reconcile, finish_wait, post_user_message
 from engine.models.scripted import call, say
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.rules import Defaults, PolicySet
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
@@ -18,7 +19,7 @@ from tests.support.fakes import RecordingModel
 
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
-OPEN = ApproverPolicy()
+OPEN = ReviewerRule()
 HASH = "f" * 64
 POLICY = PolicySet(
     rules=(
@@ -33,7 +34,7 @@ POLICY = PolicySet(
         PolicyRule(tool="gated_train", policy="approve_before_run", expires_in="2h"),
         PolicyRule(tool="lookup", policy="run_now", channels=["C0OPS"]),
     ),
-    defaults=Defaults(approvers=frozenset({BOB})),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
     policy_hash=HASH,
 )
 
@@ -53,7 +54,7 @@ def requested(log: list[ev.AnyEvent]) -> list[ev.ToolCallRequested]:
 
 async def approve(store: Store, tid: str, call_id: str, who: str):
     return await decide_approval(
-        store, tid, tool_call_id=call_id, decision="approve", policy=OPEN, decider=Decider(who)
+        store, tid, tool_call_id=call_id, decision="approve", reviewers=OPEN, decider=Decider(who)
     )
 
 
@@ -183,7 +184,7 @@ async def test_outcome_unknown_waits_for_a_person_then_happened_is_the_result(st
     assert (await runner.run(tid)).status == "awaiting_reconcile" and effects["restart"] == 1
     done = await decide_reconcile(
         store, tid, tool_call_id=cid, decider=Decider(CAROL), decision="happened",
-        note="api is up again", policy=OPEN,
+        note="api is up again", reviewers=OPEN,
     )  # fmt: skip
     assert done.event.type == "reconcile_decided"  # type: ignore[union-attr]
     assert (await runner.run(tid)).status == "idle" and effects["restart"] == 1
@@ -200,7 +201,7 @@ async def test_outcome_unknown_then_retry_runs_it_once_more_with_the_same_key(st
     await approve(store, tid, cid, CAROL)
     await runner.run(tid)
     await decide_reconcile(
-        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="retry", policy=OPEN
+        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="retry", reviewers=OPEN
     )
     state = await runner.run(tid)
     assert effects["restart"] == 2
@@ -208,7 +209,7 @@ async def test_outcome_unknown_then_retry_runs_it_once_more_with_the_same_key(st
     started = [e for e in await events(store, tid) if e.type == "tool_started"]
     assert [e.attempt for e in started] == [1, 2]  # type: ignore[union-attr]
     await decide_reconcile(
-        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="abandon", policy=OPEN
+        store, tid, tool_call_id=cid, decider=Decider(BOB), decision="abandon", reviewers=OPEN
     )
     assert (await runner.run(tid)).status == "idle" and effects["restart"] == 2
     assert f"Not run: <@{BOB}> says it did not happen" in model.last_prompt_text()
@@ -240,7 +241,7 @@ UNEVALUABLE = PolicySet(
             policy="run_now",
         ),
     ),
-    defaults=Defaults(approvers=frozenset({BOB})),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
     policy_hash=HASH,
 )
 
@@ -258,3 +259,45 @@ async def test_a_rule_that_cannot_be_evaluated_rejects_and_fails_after_three(sto
     assert "the policy could not decide 'restart'" in rejected[0].reason
     assert "cannot be resolved" in rejected[0].reason
     assert isinstance(log[-1], ev.ErrorRaised) and "3 invalid decisions" in log[-1].message
+
+
+async def test_a_withheld_tool_called_anyway_is_answered_with_the_rules_reason(store):
+    """Not offered, but the model calls it (seen earlier, or invented): before, the answer
+    was "unknown tool … the tools are: …", so the model never learned why."""
+    effects: Counter = Counter()
+    model = RecordingModel([call("purge", name="db"), say("understood")])
+    tid = await start(store)
+    state = await Runner(store, model, make_ruled_tools(effects), policy=POLICY).run(tid)
+    assert state.status == "idle" and effects["purge"] == 0
+    [req] = requested(await events(store, tid))
+    assert (req.policy, req.rule, req.reason) == ("reject", 0, "nothing is ever purged")
+    assert "nothing is ever purged" in json.dumps(model.prompts[-1].messages)
+
+
+async def test_an_invented_tool_a_reject_glob_covers_gets_the_reason_too(store):
+    withholding = PolicySet(
+        rules=(PolicyRule(tool="drop_*", policy="reject", reason="no drops from chat"),),
+        policy_hash=HASH,
+    )
+    model = RecordingModel([call("drop_table", name="users"), say("ok")])
+    tid = await start(store)
+    state = await Runner(store, model, make_ruled_tools(Counter()), policy=withholding).run(tid)
+    assert state.status == "idle"
+    [req] = requested(await events(store, tid))
+    assert (req.intent, req.policy, req.reason) == ("drop_table", "reject", "no drops from chat")
+    assert req.definition_hash is None  # no such tool is registered
+
+
+async def test_a_withdrawn_call_is_never_run_and_the_model_decides_again(store):
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="api"), say("Restarting web instead.")])
+    tools = make_ruled_tools(effects)
+    tid = await start(store)
+    state = await Runner(store, model, tools, policy=POLICY).run(tid)
+    assert state.status == "awaiting_approval"
+    await post_user_message(store, KEY, text="no wait, web not api", user=ALICE, dedupe_key="m2")
+    state = await Runner(store, model, tools, policy=POLICY).run(tid)
+    assert state.status == "idle" and effects["restart"] == 0
+    prompt = json.dumps(model.prompts[-1].messages)
+    assert "withdrawn before anyone decided" in prompt
+    assert prompt.index("withdrawn before anyone decided") < prompt.index("no wait, web not api")

@@ -10,7 +10,7 @@ from engine.inputs import post_user_message
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
 from engine.scheduler import Dispatcher, Scheduler, Worker
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tests.support import crash_child
 from tests.support.demo_tools import make_tools
 from tests.support.processes import lines, run_child
@@ -34,7 +34,7 @@ async def test_at_startup_a_thread_left_mid_step_resumes_with_nobody_touching_it
     assert killed.returncode == -signal.SIGKILL
     monkeypatch.setattr(crash_child, "EFFECTS", tmp_path)
 
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     runner = Runner(
         store,
         ScriptedModel(crash_child.SCRIPT),
@@ -54,7 +54,7 @@ async def test_at_startup_a_thread_left_mid_step_resumes_with_nobody_touching_it
 
 
 async def test_the_scheduler_expires_an_unanswered_approval(db_url):
-    store = await Store.open(db_url)
+    store = await open_store(db_url)
     effects: Counter = Counter()
     model = ScriptedModel([call("deploy", name="api"), say("expired; not deploying")])
     runner = Runner(store, model, make_tools(effects), RunnerConfig(approval_ttl_s=0.3))

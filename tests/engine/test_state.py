@@ -296,6 +296,7 @@ def run_now_call_pending() -> list[ev.Event]:
     [
         ([ev.ApprovalRejected(actor=REVIEWER, tool_call_id="c2", reason="no")], "rejected"),
         ([ev.ApprovalExpired(tool_call_id="c2")], "expired"),
+        ([ev.ApprovalWithdrawn(actor=REQUESTER, tool_call_id="c2", reason="x")], "withdrawn"),
         (
             [
                 ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"),

@@ -100,6 +100,10 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.ApprovalExpired(**_env(13), tool_call_id=CALL),
         f"approval of {CALL} expired",
     ),
+    "approval_withdrawn": (
+        ev.ApprovalWithdrawn(**_env(13), tool_call_id=CALL, reason="superseded by a newer message"),
+        f"withdrew {CALL}: superseded by a newer message",
+    ),
     "tool_started": (
         ev.ToolStarted(**_env(14), tool_call_id=CALL, attempt=2),
         f"{CALL} attempt 2",

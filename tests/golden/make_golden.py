@@ -18,7 +18,7 @@ import json
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib.metadata import version
@@ -43,19 +43,19 @@ from engine.inputs import (  # noqa: E402
 )
 from engine.models.base import Decision, ModelError  # noqa: E402
 from engine.models.scripted import ScriptedModel, Step, ask, call, say  # noqa: E402
-from engine.policy import ApproverPolicy  # noqa: E402
 from engine.replay import replay_all  # noqa: E402
+from engine.reviewers import ReviewerRule  # noqa: E402
 from engine.rules import Defaults, PolicySet  # noqa: E402
 from engine.runner import Runner  # noqa: E402
-from engine.state import reduce  # noqa: E402
-from engine.store import Store, ThreadKey  # noqa: E402
+from engine.state import ThreadState, reduce  # noqa: E402
+from engine.store import Store, ThreadKey, open_store  # noqa: E402
 from tests.support import demo_tools  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FORMAT = 1  # of the header line; the rows are the store's own
 TEAM, CHANNEL = "T0GOLDEN", "C0GOLDEN"
 ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
-OPEN = ApproverPolicy()
+OPEN = ReviewerRule()
 POLICY = PolicySet(
     rules=(
         PolicyRule(tool="purge", policy="reject", reason="nothing is ever purged"),
@@ -67,7 +67,7 @@ POLICY = PolicySet(
         ),
         PolicyRule(tool="restart", policy="approve_before_run", approvers=[BOB, CAROL], quorum=2),
     ),
-    defaults=Defaults(approvers=frozenset({BOB})),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
     policy_hash="9" * 64,
 )
 
@@ -94,11 +94,12 @@ class Receipts:
         self.store = store
         self.posted = 0
 
-    async def show(self, thread_id: str) -> list[ev.MessagePosted]:
-        log = await self.store.select_events(thread_id)
-        shown = {e.shows_event_id for e in log if isinstance(e, ev.MessagePosted)}
+    async def show(
+        self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+    ) -> list[ev.MessagePosted]:
+        shown = {e.shows_event_id for e in events if isinstance(e, ev.MessagePosted)}
         receipts = []
-        for e in log:
+        for e in events:
             if e.facts.people != "nothing" and e.event_id not in shown:
                 self.posted += 1
                 ts = f"1767000000.{self.posted:06d}"
@@ -107,8 +108,8 @@ class Receipts:
 
     async def rest(self, thread_id: str) -> None:
         """The delivery's resting pass: receipts appended by the store's own write."""
-        if receipts := await self.show(thread_id):
-            state = await self.store.load(thread_id)
+        log = await self.store.select_events(thread_id)
+        if receipts := await self.show(thread_id, log, state := reduce(log)):
             await self.store.append(thread_id, state.last_seq, receipts, state=state)
 
 
@@ -162,7 +163,7 @@ class Play:
             self.thread_id,
             tool_call_id=state.pending.tool_call_id,
             decision=decision,
-            policy=OPEN,
+            reviewers=OPEN,
             decider=Decider(user),
             dedupe_key=f"click-{state.last_seq}-{user}",
             **kw,
@@ -244,7 +245,7 @@ async def reconciled(store: Store) -> Play:
         decider=Decider(BOB),
         decision="happened",
         note="the service came back at 12:04",
-        policy=OPEN,
+        reviewers=OPEN,
         dedupe_key="reconcile-1",
     )
     assert done.event is not None and done.event.type == "reconcile_decided"
@@ -308,8 +309,32 @@ async def cancelled(store: Store) -> Play:
     wait_id = state.pending.wait.wait_id
     await finish_wait(store, p.thread_id, wait_id=wait_id, result={"accuracy": 0.93}, actor="hook")
     assert await p.run() == "awaiting_job"
-    done = await cancel(store, p.thread_id, by=ALICE, policy=OPEN, reason="v2 is not needed")
+    done = await cancel(
+        store, p.thread_id, decider=Decider(ALICE), reviewers=OPEN, reason="v2 is not needed"
+    )
     assert done.event is not None and done.event.type == "thread_cancelled"
+    return p
+
+
+async def withdrawn(store: Store) -> Play:
+    """The requester changes their mind while the restart waits for reviewers: the card
+    is withdrawn and the model restarts what they asked for instead."""
+    model = ScriptedModel(
+        [
+            call("restart", name="api"),
+            call("restart", name="web", _text="Restarting web instead."),
+            say("web was restarted."),
+        ]
+    )
+    p = play(store, "1767000007.000100", model, "make_ruled_tools", policy=POLICY)
+    await p.say("restart api")
+    assert await p.run() == "awaiting_approval"
+    await p.say("sorry, I meant web, not api")
+    assert await p.run() == "awaiting_approval"
+    await p.vote(BOB)
+    await p.vote(CAROL)
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
     return p
 
 
@@ -320,6 +345,7 @@ THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "retried": retried,
     "compacted": compacted,
     "cancelled": cancelled,
+    "withdrawn": withdrawn,
 }
 
 
@@ -360,7 +386,7 @@ def types_on_disk() -> set[str]:
 
 async def write(overwrite: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        store = await Store.open(f"sqlite:///{tmp}/golden.db")
+        store = await open_store(f"sqlite:///{tmp}/golden.db")
         try:
             for name, script in THREADS.items():
                 if (HERE / f"{name}.jsonl").exists() and not overwrite:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from engine import events as ev
-from engine.inputs import decide_approval, post_user_message
+from engine.inputs import Decider, decide_approval, post_user_message
 from engine.models.scripted import Step
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.support.fakes import RecordingModel
@@ -35,9 +35,9 @@ async def run_approved(
         store,
         tid,
         tool_call_id=state.pending.tool_call_id,
-        reviewer="U_BOB",
+        decider=Decider("U_BOB"),
         decision="approve",
-        policy=ApproverPolicy(),
+        reviewers=ReviewerRule(),
     )
     state = await runner.run(tid)
     assert state is not None and state.status == "idle", state

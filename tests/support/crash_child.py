@@ -26,12 +26,12 @@ from pydantic import BaseModel
 from engine import faults
 from engine.inputs import Decider, decide_approval, decide_reconcile, post_user_message
 from engine.models.scripted import ScriptedModel, call, say
-from engine.policy import ApproverPolicy
+from engine.reviewers import ReviewerRule
 from engine.rules import PolicySet
 from engine.runner import Runner, RunnerConfig
-from engine.store import Store, ThreadKey
+from engine.store import Store, ThreadKey, open_store
 from tools import ToolContext, ToolRegistry, tool
-from tools.mcp import McpServer, McpSource
+from tools.mcp import McpServerConfig, McpSource
 
 EFFECTS = Path(os.environ.get("EFFECTS_DIR", "."))
 KEY = ThreadKey("T_CRASH", "C_CRASH", "1700000000.000100")
@@ -102,8 +102,8 @@ MCP_SERVER = Path(__file__).resolve().with_name("mcp_counter_server.py")
 
 def mcp_source() -> McpSource:
     hold = os.environ.get("MCP_HOLD_S", "0")
-    args = (str(MCP_SERVER), str(EFFECTS), "--hold", hold)
-    return McpSource(McpServer(name="counter", command=sys.executable, args=args))
+    args = [str(MCP_SERVER), str(EFFECTS), "--hold", hold]
+    return McpSource("counter", McpServerConfig(command=sys.executable, args=args))
 
 
 async def drive(store: Store, runner: Runner, deadline: float) -> str:
@@ -121,9 +121,9 @@ async def drive(store: Store, runner: Runner, deadline: float) -> str:
                 store,
                 posted.thread_id,
                 tool_call_id=state.pending.tool_call_id,
-                reviewer="U_BOB",
+                decider=Decider("U_BOB"),
                 decision="approve",
-                policy=ApproverPolicy(),
+                reviewers=ReviewerRule(),
                 dedupe_key="click-1",
             )
             continue
@@ -137,7 +137,7 @@ async def drive(store: Store, runner: Runner, deadline: float) -> str:
                 tool_call_id=state.pending.tool_call_id,
                 decider=Decider("U_BOB"),
                 decision=decision,  # type: ignore[arg-type]
-                policy=ApproverPolicy(),
+                reviewers=ReviewerRule(),
                 dedupe_key="reconcile-1",
             )
             continue
@@ -169,7 +169,7 @@ async def main_mcp() -> int:
 async def run_script(
     script: list, registry: ToolRegistry, *, policy: PolicySet | None = None
 ) -> int:
-    store = await Store.open(os.environ["DATABASE_URL"])
+    store = await open_store(os.environ["DATABASE_URL"])
     lease = float(os.environ.get("LEASE_SECONDS", "1.0"))
     config = RunnerConfig(lease_ttl_s=lease)
     runner = Runner(store, ScriptedModel(script), registry, config, policy=policy)

@@ -412,6 +412,8 @@ class Simulator:
             ev.ApprovalRefused(
                 actor=REQUESTER, tool_call_id=cid, decision="retry", reason="self-approval is off"
             ),
+            # Legal only while a card waits: the requester wrote again.
+            ev.ApprovalWithdrawn(actor=REQUESTER, tool_call_id=cid, reason="superseded"),
         ]
         if self.log:
             out.append(
