@@ -32,11 +32,21 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+# Imported here, not in the checks: an import takes seconds on a loaded machine, and
+# inside a check it ran on the clock of every check (each "no answer within 5 s").
+import anthropic
+import asyncpg
 import yaml
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
 
-from engine.config import Settings
+from engine.config import DEFAULT_MODEL, Settings
 from engine.config_file import ConfigFile
 from engine.db import DatabaseConfig, parse_database_url
+from engine.migrations import inspect_schema, known_revisions
+from engine.schema import HEAD
+from tools.errors import ToolError
+from tools.mcp import McpSource
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig
 
 CHECK_TIMEOUT_S = 5.0
@@ -89,9 +99,6 @@ def _sqlite_file_exists(config: DatabaseConfig) -> None:
 
 
 async def check_database(settings: Settings) -> str:
-    from engine.migrations import inspect_schema, known_revisions
-    from engine.schema import HEAD
-
     config = parse_database_url(settings.database_url)
     where = config.display()
     _sqlite_file_exists(config)
@@ -115,8 +122,6 @@ def skew_verdict(skew_s: float, limit_s: float = MAX_SKEW_S) -> tuple[bool, str]
 
 
 async def check_clock(settings: Settings) -> str:
-    import asyncpg
-
     config = parse_database_url(settings.database_url)
     if config.dialect != "postgresql":
         return f"{config.dialect}: the database runs on this machine's clock"
@@ -171,9 +176,6 @@ class Slack:
         return await asyncio.shield(self._answer)
 
     async def _call(self) -> Any:
-        from slack_sdk.errors import SlackApiError
-        from slack_sdk.web.async_client import AsyncWebClient
-
         token = self.settings.slack.bot_token.strip()
         if not token:
             raise CheckFailed("SLACK_BOT_TOKEN is not set")
@@ -228,10 +230,6 @@ async def check_signing_secret(settings: Settings) -> str:
 
 
 async def check_model(settings: Settings) -> str:
-    import anthropic
-
-    from engine.config import DEFAULT_MODEL
-
     key = settings.model.api_key.strip()
     if not key:
         raise CheckFailed("ANTHROPIC_API_KEY is not set")
@@ -263,9 +261,6 @@ async def check_model(settings: Settings) -> str:
 
 
 async def check_mcp(name: str, spec: McpServerConfig) -> str:
-    from tools.errors import ToolError
-    from tools.mcp import McpSource
-
     source = McpSource(name, spec)
     try:
         tools = await source.open()  # McpLoadError: unreachable, allowlist not served

@@ -250,5 +250,5 @@ async def test_the_command_exits_1_naming_the_failed_check(fakes, tmp_path: Path
     assert err == b""
     checks = by_check(out.decode().splitlines())
     assert checks["database"][0] == "FAIL"
-    assert [s for s, _ in checks.values()].count("FAIL") == 1
+    assert [s for s, _ in checks.values()].count("FAIL") == 1, out.decode()
     assert TOKEN not in out.decode() and SECRET not in out.decode()
