@@ -28,8 +28,15 @@ async def test_engine_overhead_prints_one_json_line(pg_url):
     (line,) = done_stdout.strip().splitlines()
     result = json.loads(line)
     assert result["bench"] == "engine_overhead"
-    for key in ("ratio_step_to_commit", "ratio_tx_throughput_to_raw", "load_reduce_10000_us"):
+    for key in (
+        "ratio_step_to_commit",
+        "ratio_step_to_autocommit",
+        "autocommit_insert_median_us",
+        "ratio_tx_throughput_to_raw",
+        "load_reduce_10000_us",
+    ):
         assert result[key] > 0
+    assert result["targets"]["ratio_step_to_autocommit<="] == 2.5
     assert isinstance(result["pass"], bool)
     # Two replicas shared the 50 threads: each ran some, and together all of them.
     assert result["replicas"] == 2
