@@ -44,7 +44,9 @@ from bot.names import Names
 from bot.refusals import INVALID_BUTTON
 from bot.reviewers import Reviewers
 from engine.reviewers import ReviewerRule
+from engine.rules import PolicySet
 from engine.store import Store
+from tools import ToolRegistry
 
 __all__ = ["INVALID_BUTTON", "SlackUnavailable", "build_app", "drain", "handle_slack_request"]
 
@@ -137,10 +139,14 @@ def build_app(
     reviewers: ReviewerRule,
     kick: Kick,
     groups: Reviewers | None = None,
+    tools: ToolRegistry | None = None,
+    policy: PolicySet | None = None,
 ) -> AsyncApp:
     """The Bolt app for ``store``. ``client`` (its token wins over ``token``) is the Web
     API client, pointing at ``SLACK_API_URL``; ``kick(thread_id)`` wakes the worker;
-    ``groups`` resolves user-group approvers (made from the client if None)."""
+    ``groups`` resolves user-group approvers (made from the client if None). ``tools``
+    and ``policy`` are the runner's: an edit of a call's arguments is checked against
+    the tool's schema and decided again by the rules (no tools: nothing can be edited)."""
     identity = Identity()
 
     async def check_identity(body: dict[str, Any], client: AsyncWebClient, next_: Any) -> Any:
@@ -165,5 +171,6 @@ def build_app(
         groups = Reviewers(app.client)
     background = Background()
     _DOORS[app] = _Door(signing_secret, background)
-    register(app, Deps(store, reviewers, kick, groups, Names(app.client), background, identity))
+    names = Names(app.client)
+    register(app, Deps(store, reviewers, kick, groups, names, background, identity, tools, policy))
     return app

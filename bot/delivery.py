@@ -20,7 +20,9 @@ chat.postMessage has no idempotency key, so every post carries metadata naming i
 event; where an earlier post may have landed without its receipt (first post for the
 thread in this process, an unknown outcome, an event older than a lease), the thread is
 read back (conversations.replies) and what is there gets its receipt instead of a
-second post.
+second post. A post outside the thread (an expiry escalated to a channel) is looked for
+in that channel (conversations.history); one Slack refuses there for good goes in the
+thread instead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import contextlib
 import copy
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +66,7 @@ MAX_RETRY_S = 300.0
 MAX_RETRIES = 10  # in-process retries in a row; then the next deliver call or a restart
 _MAX_STEPS = 1000  # Slack calls per pass; the next pass does the rest
 _REMEMBERED = 10_000  # threads this process remembers having looked up in Slack
+_MAX_HISTORY_PAGES = 10  # of a channel, looking for a post made outside the thread
 
 
 class _Stop(Exception):
@@ -357,17 +361,70 @@ class _SlackThread:
             if not cursor or not page.get("has_more", True):
                 return found
 
-    async def post(self, message: dict[str, Any], shows: dict[str, Any], where: str) -> Posted:
-        """Post ``message`` in the thread; its ts and channel. A post whose outcome is
-        unknown marks the thread: the next pass looks back before posting."""
+    async def look_in_channel(
+        self, channel: str, event_id: str, since: str
+    ) -> dict[str, Any] | None:
+        """The message at the top of ``channel``, posted after ts ``since`` (Slack's
+        clock: the card's ts), that shows ``event_id``; None when there is none, or Slack
+        refuses to say (a post there is then refused too, and goes in the thread, where
+        :meth:`look_back` looks)."""
+        cursor: str | None = None
+        for _ in range(_MAX_HISTORY_PAGES):
+            try:
+                page = await self.d._call(
+                    "conversations.history",
+                    self.d.client.conversations_history,
+                    f"thread_id={self.thread_id} channel={channel}",
+                    channel=channel,
+                    oldest=since or None,
+                    include_all_metadata=True,
+                    limit=200,
+                    cursor=cursor,
+                )
+            except _Stop as stop:
+                if _refusal(stop) is None:
+                    raise
+                return None
+            for message in page.get("messages") or []:
+                if shown_event(message, self.thread_id) == event_id and message.get("ts"):
+                    return message
+            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor or not page.get("has_more", True):
+                break
+        return None
+
+    async def permalink(self, ts: str, where: str) -> str | None:
+        """The link to message ``ts`` of the thread, from Slack; None if Slack gave none
+        (a reminder is still worth posting without it)."""
+        try:
+            answer = await self.d._call(
+                "chat.getPermalink",
+                self.d.client.chat_getPermalink,
+                where,
+                channel=self.channel,
+                message_ts=ts,
+            )
+        except _Stop:
+            return None
+        link = answer.get("permalink")
+        return link if isinstance(link, str) else None
+
+    async def post(
+        self, message: dict[str, Any], shows: dict[str, Any], where: str, channel: str = ""
+    ) -> Posted:
+        """Post ``message`` in the thread (or at the top of ``channel``); its ts and
+        channel. A post whose outcome is unknown marks the thread: the next pass looks
+        back before posting."""
+        place = {"channel": channel} if channel else {"channel": self.channel}
+        if not channel:
+            place["thread_ts"] = self.root_ts
         try:
             answer = await self.d._call(
                 "chat.postMessage",
                 self.d._post_client.chat_postMessage,
                 where,
-                channel=self.channel,
-                thread_ts=self.root_ts,
                 metadata=shows,
+                **place,
                 **message,
             )
         except BaseException as exc:
@@ -375,7 +432,7 @@ class _SlackThread:
                 self.d._unsure.add(self.thread_id)  # it may have been posted
             raise
         faults.hit("slack_posted")  # crash tests: Slack has it, our log does not yet
-        return answer["ts"], answer.get("channel") or self.channel
+        return answer["ts"], answer.get("channel") or place["channel"]
 
     async def update(
         self, ts: str, message: dict[str, Any], shows: dict[str, Any], where: str
@@ -513,6 +570,14 @@ class _Pass:
                 receipts.append(
                     ev.MessagePosted(shows_event_id=shows, channel=self.slack.channel, ts=ts)
                 )
+        # A post meant for another channel is there, or (refused there) in the thread.
+        for item in todo:
+            eid = item.event.event_id
+            if item.kind == "post" and item.channel and eid not in found:
+                if there := await self.slack.look_in_channel(item.channel, eid, item.card_ts):
+                    receipts.append(
+                        ev.MessagePosted(shows_event_id=eid, channel=item.channel, ts=there["ts"])
+                    )
         if receipts:
             shown = ",".join(r.shows_event_id for r in receipts)
             log.info(
@@ -529,18 +594,31 @@ class _Pass:
         self.sink.check()
         event_id = item.event.event_id
         where = f"thread_id={self.thread_id} event_id={event_id}"
-        blocks = render(item)
-        message = {"text": fallback_text(blocks), "blocks": blocks}
+        link = None
+        if item.kind == "post" and item.card is not None and item.card_ts:
+            link = await self.slack.permalink(item.card_ts, where)  # a reminder's, say
+        message = _message(item, link)
         status = item.status
         if status is not None:  # the first user_message's, and the state's last event
             shows = metadata(self.thread_id, status.anchor, upto=status.upto)
-        elif item.card is not None:
+        elif item.kind == "update" and item.card is not None:
             shows = metadata(self.thread_id, item.card.event_id)  # the card's, unchanged
         else:
             shows = metadata(self.thread_id, event_id)
         if item.kind == "update":
             assert item.card_ts, "a message is posted before its update"
             ts, channel = await self.slack.update(item.card_ts, message, shows, where)
+        elif item.channel and not item.refusal:
+            try:
+                ts, channel = await self.slack.post(message, shows, where, item.channel)
+            except _Stop as stop:
+                if (refusal := _refusal(stop)) is None:
+                    raise
+                # Refused there for good (not in the channel, archived): in the thread
+                # instead, saying so, rather than never.
+                log.warning("post refused channel=%s %s error=%s", item.channel, where, refusal)
+                message = _message(replace(item, refusal=refusal), link)
+                ts, channel = await self.slack.post(message, shows, where)
         else:
             ts, channel = await self.slack.post(message, shows, where)
         self.made += 1
@@ -552,6 +630,25 @@ class _Pass:
         except BaseException:
             self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
             raise
+
+
+def _message(item: Outbound, card_link: str | None) -> dict[str, Any]:
+    blocks = render(item, card_link)
+    return {"text": fallback_text(blocks), "blocks": blocks}
+
+
+def _refusal(stop: _Stop) -> str | None:
+    """Slack's error when it refused a call for good (a 4xx or ``ok: false`` other than a
+    rate limit: not in the channel, no such channel); None for anything worth a retry."""
+    cause = stop.__cause__
+    if not isinstance(cause, SlackApiError):
+        return None
+    status = cause.response.status_code
+    if status == 429 or status >= 500:
+        return None
+    data = cause.response.data
+    error = data.get("error") if isinstance(data, dict) else None
+    return str(error or cause.response.status_code)
 
 
 def _surely_not_done(exc: BaseException) -> bool:

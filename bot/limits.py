@@ -34,8 +34,13 @@ MAX_CONFIRM = {"title": 100, "text": 300, "confirm": 30, "deny": 30}
 MAX_VIEW_TITLE = 24  # and submit, close
 MAX_PRIVATE_METADATA = 3000
 MAX_INPUT_LABEL = 2000
-MAX_INPUT_LENGTH = 3000
+MAX_INPUT_HINT = 2000
+MAX_INPUT_LENGTH = 3000  # a plain_text_input's value and initial_value
 MAX_PLACEHOLDER = 150
+MAX_SELECT_OPTIONS = 100  # a static_select's
+MAX_CHECKBOX_OPTIONS = 10
+MAX_OPTION_TEXT = 75
+MAX_OPTION_VALUE = 150
 MAX_FALLBACK_TEXT = 3000
 
 
@@ -117,6 +122,8 @@ def _check_block(block: Block, where: str, problems: list[str]) -> None:
             _check_element(element, f"{where}.elements[{j}]", problems)
     elif kind == "input":
         _text(problems, f"{where}.label", block.get("label"), MAX_INPUT_LABEL, plain=True)
+        if "hint" in block:
+            _text(problems, f"{where}.hint", block["hint"], MAX_INPUT_HINT, plain=True)
         _check_element(block.get("element") or {}, f"{where}.element", problems)
     elif kind != "divider":
         problems.append(f"{where}: block type {kind!r} is not checked here")
@@ -145,8 +152,36 @@ def _check_element(element: dict[str, Any], where: str, problems: list[str]) -> 
             problems.append(f"{where}.max_length: {max_length}, 1 to {MAX_INPUT_LENGTH}")
         if "placeholder" in element:
             _text(problems, f"{where}.placeholder", element["placeholder"], MAX_PLACEHOLDER)
+        initial = element.get("initial_value")
+        most = max_length or MAX_INPUT_LENGTH
+        if initial is not None and (not isinstance(initial, str) or slack_len(initial) > most):
+            problems.append(f"{where}.initial_value: not a string of at most {most} characters")
+    elif kind in ("static_select", "checkboxes"):
+        _check_options(element, where, problems)
     else:
         problems.append(f"{where}: element type {kind!r} is not checked here")
+
+
+def _check_options(element: dict[str, Any], where: str, problems: list[str]) -> None:
+    """A static_select's or checkboxes' options, and the ones it starts with."""
+    select = element.get("type") == "static_select"
+    options = element.get("options") or []
+    most = MAX_SELECT_OPTIONS if select else MAX_CHECKBOX_OPTIONS
+    if not 0 < len(options) <= most:
+        problems.append(f"{where}.options: {len(options)}, 1 to {most}")
+    values = []
+    for j, option in enumerate(options):
+        _text(problems, f"{where}.options[{j}].text", option.get("text"), MAX_OPTION_TEXT, select)
+        _length(problems, f"{where}.options[{j}].value", option.get("value"), MAX_OPTION_VALUE)
+        values.append(option.get("value"))
+    if len(values) != len(set(values)):
+        problems.append(f"{where}.options: duplicate value")
+    initial = [element["initial_option"]] if "initial_option" in element else []
+    initial += element.get("initial_options") or []
+    if any(option not in options for option in initial):
+        problems.append(f"{where}: an initial option is not one of its options")
+    if "placeholder" in element:
+        _text(problems, f"{where}.placeholder", element["placeholder"], MAX_PLACEHOLDER, True)
 
 
 def _check_view(view: dict[str, Any], problems: list[str]) -> None:

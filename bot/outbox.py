@@ -17,7 +17,15 @@ updated in place, last, when that differs from what the whole log says.
 A message a person writes while a card is open updates the card in place (it shows
 what was written since it was posted, so the reviewer reads it before clicking); that
 update's receipt names the message and carries the card's ts. So does a vote that does
-not meet the call's quorum yet: the open card then shows "1 of 2: @bob".
+not meet the call's quorum yet: the open card then shows "1 of 2: @bob". So does a
+reviewer's edit of the arguments (``approval_edited``): the card shows the call as
+edited, with the diff, its buttons bound to the new hash; an edit the policy refuses
+closes it instead.
+
+An ``approval_reminded`` posts a reply about the open card (its receipt has another ts
+than the card's) and notes the reminder on the card; an ``approval_expired`` whose call
+records ``escalate_to`` also posts about the closed card, in the rule's channel or in
+the thread.
 
 A ``tool_outcome_unknown`` posts the reconcile card (its buttons bound to the call by
 its arguments hash), updated in place by the ``reconcile_decided`` (or cancellation)
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from bot.limits import Block
@@ -37,6 +46,7 @@ from bot.mrkdwn import USER_ID
 from bot.render.approval import (
     NO_NOTES,
     NO_VOTES,
+    Edited,
     Notes,
     Outcome,
     Votes,
@@ -45,8 +55,10 @@ from bot.render.approval import (
 )
 from bot.render.lines import event_line
 from bot.render.reconcile import reconcile_card, reconciled_card
+from bot.render.reminders import escalation_channel, escalation_post, reminder_reply
 from bot.render.status import status_message
 from engine import events as ev
+from engine.edits import changes
 from engine.policy import arguments_hash
 from engine.state import ThreadState, apply
 
@@ -58,6 +70,7 @@ OUTCOMES: dict[type[ev.Event], Outcome] = {
     ev.ApprovalExpired: "expired",
     ev.ApprovalWithdrawn: "withdrawn",
     ev.ThreadCancelled: "cancelled",
+    ev.ApprovalEdited: "refused",  # only an edit the policy refuses closes the card
 }
 Card = ev.ApprovalRequested | ev.ToolOutcomeUnknown  # the event a card's metadata names
 
@@ -91,6 +104,12 @@ class Outbound:
     With ``status`` set, the message is the thread's status message instead: posted for
     the first ``user_message`` (``event``), or updated at ``card_ts`` for ``event``, the
     last event its state includes.
+
+    A post with ``card`` set is about that approval card (a reminder, an expiry's
+    escalation) and links to it. ``channel``: a post's place outside the thread (at the
+    top of that channel; "" is the thread); ``refusal``: why Slack refused it there, so
+    it goes in the thread instead. ``reminded_at``: when the open card's approvers were
+    reminded.
     """
 
     kind: Literal["post", "update"]
@@ -104,6 +123,10 @@ class Outbound:
     people: frozenset[str] = frozenset()
     votes: Votes = NO_VOTES
     still_open: bool = False
+    edits: tuple[Edited, ...] = ()
+    channel: str = ""
+    refusal: str = ""
+    reminded_at: datetime | None = None
 
 
 def pending_deliveries(
@@ -168,6 +191,7 @@ class _Walk:
         self.cards: dict[str, Opened] = {}  # open approval cards by call id
         self.checks: dict[str, Checking] = {}  # open reconcile cards by call id
         self.noted: dict[str, Outbound] = {}  # open cards' latest undelivered update
+        self.edits: dict[str, tuple[Edited, ...]] = {}  # the edits of each call, in order
         self.people: frozenset[str] = frozenset()
         self.before = self.state = ThreadState()  # around the event being walked
 
@@ -176,8 +200,12 @@ class _Walk:
         self.out.append(Outbound("post", e, self.requester, call, people=self.people))
 
     def update(self, e: ev.AnyEvent, card: Card, ts: str, **shows: Any) -> Outbound:
-        call = self.calls[card.tool_call_id]
-        return Outbound("update", e, self.requester, call, card, ts, people=self.people, **shows)
+        cid = card.tool_call_id
+        edits = self.edits.get(cid, ())
+        call = self.calls[cid]
+        return Outbound(
+            "update", e, self.requester, call, card, ts, people=self.people, edits=edits, **shows
+        )
 
     def post_card(self, e: Card, shown: list[str]) -> str:
         """Post the card of ``e`` unless a receipt says it is; its ts ("" until then)."""
@@ -193,8 +221,25 @@ class _Walk:
             self.out.remove(stale)
         if not ts or ts not in shown:
             notes, votes = _notes(self.state, cid), _votes(self.state, cid)
-            self.noted[cid] = self.update(e, card, ts, notes=notes, votes=votes, still_open=True)
+            reminded = _reminded(self.state, cid)
+            self.noted[cid] = self.update(
+                e, card, ts, notes=notes, votes=votes, still_open=True, reminded_at=reminded
+            )
             self.out.append(self.noted[cid])
+
+    def post_about(self, e: ev.AnyEvent, opened: Opened, shown: list[str], **more: Any) -> None:
+        """Post a message of its own about the card ``opened`` (it links to the card), once:
+        a receipt of ``e`` other than the card's update says it is posted."""
+        card, ts = opened
+        if [t for t in shown if t != ts]:
+            return
+        call = self.calls[card.tool_call_id]
+        votes = _votes(self.before, card.tool_call_id)
+        self.out.append(
+            Outbound(
+                "post", e, self.requester, call, card, ts, people=self.people, votes=votes, **more
+            )
+        )
 
     def close(self, opened: Opened, e: ev.AnyEvent, shown: list[str]) -> None:
         """Update the approval card to its decided form, once."""
@@ -250,13 +295,56 @@ def _approval_granted(w: _Walk, e: ev.ApprovalGranted, shown: list[str]) -> None
         _approval_closed(w, e, shown)
 
 
-def _approval_closed(
-    w: _Walk,
-    e: ev.ApprovalGranted | ev.ApprovalRejected | ev.ApprovalExpired | ev.ApprovalWithdrawn,
-    shown: list[str],
-) -> None:
+Closing = (
+    ev.ApprovalGranted
+    | ev.ApprovalRejected
+    | ev.ApprovalExpired
+    | ev.ApprovalWithdrawn
+    | ev.ApprovalEdited
+)
+
+
+def _approval_closed(w: _Walk, e: Closing, shown: list[str]) -> None:
     if (opened := w.cards.pop(e.tool_call_id, None)) is not None:
         w.close(opened, e, shown)
+
+
+def _approval_edited(w: _Walk, e: ev.ApprovalEdited, shown: list[str]) -> None:
+    """The card shows the call as edited (its arguments, its rule, the diff; its
+    buttons bound to the new hash), still open, or closed when the policy refuses it."""
+    cid = e.tool_call_id
+    if cid not in w.cards:
+        return
+    call = w.calls[cid]
+    edit = Edited(e.reviewer, e.created_at, tuple(changes(call.arguments, e.arguments)))
+    w.edits[cid] = (*w.edits.get(cid, ()), edit)
+    # The card renders the call as it now is: the event with the edit's arguments and rule.
+    flat = ("rule", "approvers", "quorum", "allow_self") if e.reviewers is not None else ()
+    update = {"arguments": e.arguments, **{k: getattr(e, k) for k in flat}}
+    w.calls[cid] = call.model_copy(update=update)
+    card, ts = w.cards[cid]
+    w.cards[cid] = (card.model_copy(update={"arguments_hash": e.arguments_hash}), ts)
+    if e.policy == "reject":
+        _approval_closed(w, e, shown)
+    else:
+        w.still_open(e, cid, shown)
+
+
+def _approval_reminded(w: _Walk, e: ev.ApprovalReminded, shown: list[str]) -> None:
+    """A reply reminding the approvers, and the open card noting it."""
+    if (opened := w.cards.get(e.tool_call_id)) is not None:
+        w.post_about(e, opened, shown)
+        w.still_open(e, e.tool_call_id, shown)
+
+
+def _approval_expired(w: _Walk, e: ev.ApprovalExpired, shown: list[str]) -> None:
+    """The card closes; with the rule's ``escalate_to``, a post says it expired (in its
+    channel, or in the thread mentioning its people)."""
+    opened = w.cards.get(e.tool_call_id)
+    _approval_closed(w, e, shown)
+    call = w.calls.get(e.tool_call_id)
+    if opened is not None and call is not None and call.escalate_to:
+        w.post_about(e, opened, shown, channel=escalation_channel(call.escalate_to))
 
 
 def _reconcile_decided(w: _Walk, e: ev.ReconcileDecided, shown: list[str]) -> None:
@@ -286,8 +374,10 @@ SHOWS: dict[type[ev.Event], Callable[[_Walk, Any, list[str]], None]] = {
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _approval_granted,
     ev.ApprovalRejected: _approval_closed,
-    ev.ApprovalExpired: _approval_closed,
+    ev.ApprovalExpired: _approval_expired,
     ev.ApprovalWithdrawn: _approval_closed,
+    ev.ApprovalReminded: _approval_reminded,
+    ev.ApprovalEdited: _approval_edited,
     ev.ToolOutcomeUnknown: _tool_outcome_unknown,
     ev.ReconcileDecided: _reconcile_decided,
     ev.ThreadCancelled: _thread_cancelled,
@@ -340,13 +430,20 @@ def _votes(state: ThreadState, call_id: str) -> Votes:
     return Votes(call.votes, call.quorum)
 
 
+def _reminded(state: ThreadState, call_id: str) -> datetime | None:
+    """When the approvers of ``call_id``'s open card were reminded, as ``state`` has it."""
+    call = state.pending
+    return call.reminded_at if call is not None and call.tool_call_id == call_id else None
+
+
 def _awaits_votes(state: ThreadState, call_id: str) -> bool:
     call = state.pending
     return call is not None and call.tool_call_id == call_id and call.phase == "awaiting_approval"
 
 
-def render(item: Outbound) -> list[Block]:
-    """The blocks showing ``item`` (pure)."""
+def render(item: Outbound, card_link: str | None = None) -> list[Block]:
+    """The blocks showing ``item`` (pure); ``card_link``: the permalink of the card a
+    reminder or an escalation is about, when the delivery could get it."""
     e = item.event
     if item.status is not None:
         view = item.status
@@ -368,15 +465,51 @@ def render(item: Outbound) -> list[Block]:
             outcome=OUTCOMES[type(e)],
             by=by,
             at=e.created_at,
-            decision_reason=e.reason if isinstance(e, ev.ApprovalRejected) else "",
+            decision_reason=_why(e),
             notes=item.notes,
             people=item.people,
             votes=item.votes,
+            edits=item.edits,
         )
     if isinstance(e, ev.ApprovalRequested):
         return _open_card(item, e)
+    if isinstance(e, ev.ApprovalReminded | ev.ApprovalExpired):
+        return _about_card(item, e, card_link)
     name = item.call.intent if item.call is not None else None
     return event_line(e, tool_name=name, requester=item.requester, people=item.people) or []
+
+
+def _why(e: ev.AnyEvent) -> str:
+    """What a decided card says why: a reviewer's reject reason, the policy's refusal."""
+    return e.reason if isinstance(e, ev.ApprovalRejected | ev.ApprovalEdited) else ""
+
+
+def _about_card(
+    item: Outbound, e: ev.ApprovalReminded | ev.ApprovalExpired, card_link: str | None
+) -> list[Block]:
+    """The reminder in the thread, or the post escalating an expiry."""
+    card, call = item.card, item.call
+    assert isinstance(card, ev.ApprovalRequested) and call is not None
+    when = {"asked_at": card.created_at, "expires_at": card.expires_at}
+    if isinstance(e, ev.ApprovalReminded):
+        return reminder_reply(
+            thread_id=e.thread_id,
+            call=call,
+            votes=item.votes,
+            card_link=card_link,
+            **when,
+        )
+    return escalation_post(
+        thread_id=e.thread_id,
+        requester=item.requester,
+        call=call,
+        escalate_to=call.escalate_to,
+        votes=item.votes,
+        card_link=card_link,
+        channel=item.channel,
+        refusal=item.refusal,
+        **when,
+    )
 
 
 def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[Block]:
@@ -391,6 +524,8 @@ def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[Block]:
         notes=item.notes,
         people=item.people,
         votes=item.votes if item.votes.by else None,
+        edits=item.edits,
+        reminded_at=item.reminded_at,
     )
 
 

@@ -470,6 +470,12 @@ def view_value(view: Mapping[str, Any], block_id: str, action_id: str) -> str:
     return clean_text(value.strip()) if isinstance(value, str) else ""
 
 
+def view_values(view: Mapping[str, Any]) -> dict[str, Any]:
+    """A submitted view's ``state.values``: each input block's actions' states."""
+    values = _obj(_obj(view.get("state")).get("values"))
+    return {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
 # --- links -------------------------------------------------------------------------------
 
 
@@ -489,3 +495,38 @@ def workspace_url(team_domain: str | None) -> str | None:
     if not team_domain or not _DOMAIN.fullmatch(team_domain):
         return None
     return f"https://{team_domain}.slack.com/"
+
+
+# A thread as people name it in a command: its Slack link (to its root, or to a reply,
+# which carries ``thread_ts``), or its opsloop id.
+_PERMALINK = re.compile(
+    r"https://[A-Za-z0-9.-]+/archives/(?P<channel>[A-Z0-9]{1,64})/p(?P<digits>[0-9]{7,20})"
+    r"(?:\?(?P<query>[^\s<>|]*))?"
+)
+_THREAD_ID = re.compile(r"thr_[A-Za-z0-9_-]{1,60}")
+_TS = re.compile(r"[0-9]{1,15}\.[0-9]{1,9}")
+
+
+def thread_ref(text: str) -> str | tuple[str, str] | None:
+    """The thread ``text`` names: its id (``thr_…``), or ``(channel, root ts)`` from a
+    permalink (``https://team.slack.com/archives/C…/p1700000000000100``, with
+    ``?thread_ts=`` when it links to a reply; Slack may send it as ``<url>`` or
+    ``<url|label>``); None if it names none."""
+    word = text.strip().removeprefix("<").removesuffix(">").partition("|")[0]
+    if _THREAD_ID.fullmatch(word):
+        return word
+    link = _PERMALINK.fullmatch(word)
+    if link is None:
+        return None
+    thread_ts = dict(parse_qsl(link["query"] or "")).get("thread_ts", "")
+    if _TS.fullmatch(thread_ts):
+        return link["channel"], thread_ts
+    digits = link["digits"]
+    return link["channel"], f"{digits[:-6]}.{digits[-6:]}"
+
+
+def command_org(command: Mapping[str, Any]) -> Org:
+    """The organisation a slash command comes from: its team, and its Grid, if any."""
+    team, enterprise = command.get("team_id"), command.get("enterprise_id")
+    teams = (str(team),) if team else ()
+    return Org(teams, str(enterprise) if enterprise else None)

@@ -336,6 +336,8 @@ async def start_runtime(
         reviewers=settings.reviewers,
         kick=kick,
         groups=Reviewers(client),
+        tools=tools,
+        policy=policy,
     )
     return Runtime(store, client, bolt, thread, background, priority, kick, settings, tools, http)
 

@@ -48,9 +48,9 @@ from tools.schemas import compile_schema, is_valid
 DEFAULT_PATH = "opsloop.yaml"
 RulePolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
 LATER_SECTIONS = ("integrations", "alerts")
-# Rule keys of DESIGN that nothing acts on yet (no reminders, escalation or grants): a
-# file that sets one is refused rather than promised something that never happens.
-LATER_RULE_KEYS = ("remind_after", "escalate_to", "max_grant")
+# Rule keys of DESIGN that nothing acts on yet (no grants): a file that sets one is
+# refused rather than promised something that never happens.
+LATER_RULE_KEYS = ("max_grant",)
 
 MAX_QUORUM = 50
 MAX_RULES = 1000
@@ -58,6 +58,7 @@ MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
 _APPROVER = re.compile(r"^(?:[UWS][A-Z0-9]{2,}|oncall:[A-Z0-9]{2,})$")
 _CHANNEL = re.compile(r"^[CGD][A-Z0-9]{2,}$")
+_ESCALATION_CHANNEL = re.compile(r"^[CG][A-Z0-9]{2,}$")  # a channel an expiry is posted in
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{")
 
 
@@ -76,6 +77,15 @@ def _channel(value: str) -> str:
     return value
 
 
+def _escalation(value: str) -> str:
+    if not (_APPROVER.match(value) or _ESCALATION_CHANNEL.match(value)):
+        raise ValueError(
+            f"{value!r} is not someone to escalate to: use user ids (U…, W…), user-group "
+            "ids (S…), oncall:<schedule or escalation policy id> or a channel id (C…)"
+        )
+    return value
+
+
 def _short(text: str, limit: int = 160) -> str:
     one = " ".join(text.split())
     return one if len(one) <= limit else one[: limit - 1] + "…"
@@ -83,6 +93,7 @@ def _short(text: str, limit: int = 160) -> str:
 
 Approver = Annotated[str, AfterValidator(_approver)]
 Channel = Annotated[str, AfterValidator(_channel)]
+EscalationTarget = Annotated[str, AfterValidator(_escalation)]
 
 
 class ToolsConfig(_Model):
@@ -127,6 +138,10 @@ class PolicyRule(_Model):
     quorum: int | None = Field(None, ge=1, le=MAX_QUORUM)
     allow_self: bool | None = None
     expires_in: Duration | None = None
+    # A reminder in the thread this long after the card, while nobody decided; and whom
+    # an expiry is posted to (people and groups mentioned in the thread, or a channel).
+    remind_after: Duration | None = None
+    escalate_to: list[EscalationTarget] | None = None
     channels: list[Channel] | None = None
     idempotent: bool | None = None
     trust_hints: bool | None = None
@@ -147,6 +162,11 @@ class PolicyRule(_Model):
             raise _At(
                 ("quorum",), f"is {self.quorum} but only {len(set(people))} approvers are listed"
             )
+        if self.expires_in and self.remind_after and self.remind_after >= self.expires_in:
+            raise _At(("remind_after",), "must be shorter than expires_in: it would never come")
+        channels = [t for t in self.escalate_to or () if _ESCALATION_CHANNEL.match(t)]
+        if len(channels) > 1:
+            raise _At(("escalate_to",), "may name one channel, not several")
         return self
 
     def model_post_init(self, context: Any, /) -> None:
@@ -180,6 +200,19 @@ class ConfigFile(_Model):
                     ("policy", index, "quorum"),
                     f"is {rule.quorum} but approvals.approvers lists only "
                     f"{len(set(people))} approvers",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _reminders_before_expiry(self) -> ConfigFile:
+        """A rule without its own ``expires_in`` takes ``approvals.expires_in``: a
+        reminder at or after it would never come."""
+        expires = self.approvals.expires_in
+        for index, rule in enumerate(self.policy):
+            if rule.expires_in is None and expires and (rule.remind_after or 0) >= expires:
+                raise _At(
+                    ("policy", index, "remind_after"),
+                    "must be shorter than approvals.expires_in: it would never come",
                 )
         return self
 

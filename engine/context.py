@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine import compaction
+from engine import compaction, edits
 from engine import events as ev
 from engine.chat_markup import decoded
 
@@ -115,7 +115,10 @@ class _Conversation:
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
         self.open_call: str | None = None
+        self.open_arguments: dict[str, Any] = {}  # the open tool_use's, as the model wrote
         self.parked: list[dict[str, Any]] = []
+        # Edits of a call's arguments before approval, told with its answer (by call id).
+        self.edits: dict[str, _Edited] = {}
 
     def add(self, role: str, blocks: list[dict[str, Any]]) -> None:
         if self.messages and self.messages[-1]["role"] == role:
@@ -130,7 +133,14 @@ class _Conversation:
         else:
             self.add("user", [block])
 
-    def answer(self, call_id: str | None, content: str, *, error: bool = False) -> None:
+    def answer(
+        self, call_id: str | None, content: str, *, error: bool = False, ran: bool = False
+    ) -> None:
+        """``content`` answers the tool_use ``call_id``; ``ran``: the call ran (what
+        people changed before it did is told first)."""
+        edited = self.edits.pop(call_id, None) if call_id is not None else None
+        if edited is not None:
+            content = f"{edited.told(ran)}\n{content}"
         if call_id is None or call_id != self.open_call:
             # No tool_use awaits it (a late result after a cancel, say): plain words.
             self.say(content if call_id is None else f"[result of {call_id}] {content}")
@@ -149,6 +159,21 @@ class _Conversation:
             self.answer(self.open_call, result, error=True)
         else:
             self.say(note)
+
+
+@dataclass
+class _Edited:
+    """Who changed a call's arguments before approval, and what it then had."""
+
+    arguments: str  # the final arguments, as JSON
+    said: list[str]
+    last: dict[str, Any]  # the final arguments, to compare the next edit with
+
+    def told(self, ran: bool) -> str:
+        who = "; ".join(self.said)
+        if ran:
+            return f"{who} before it was approved; it ran with {self.arguments}."
+        return f"{who} before anyone approved it; its arguments were then {self.arguments}."
 
 
 def _json(value: Any, source: ev.Event) -> str:
@@ -181,6 +206,7 @@ def _model_decision(conv: _Conversation, e: ev.ModelDecision, version: str) -> N
             }
         )
         conv.open_call = e.tool_call_id
+        conv.open_arguments = e.arguments or {}
     conv.add("assistant", blocks)
 
 
@@ -198,12 +224,29 @@ def _reconcile_decided(conv: _Conversation, e: ev.ReconcileDecided, version: str
     # A retry leaves the call open (its next attempt answers it): nothing shown.
     if e.decision == "happened":
         note = e.note or "a person confirmed it happened"
-        conv.answer(e.tool_call_id, f"<@{e.reviewer}> says it happened: {note}")
+        conv.answer(e.tool_call_id, f"<@{e.reviewer}> says it happened: {note}", ran=True)
     elif e.decision == "abandon":
         why = f": {e.note}" if e.note else ""
         conv.answer(
             e.tool_call_id, f"Not run: <@{e.reviewer}> says it did not happen{why}", error=True
         )
+
+
+def _approval_edited(conv: _Conversation, e: ev.ApprovalEdited, version: str) -> None:
+    # The tool_use keeps the model's arguments; its answer says who changed what.
+    cid = e.tool_call_id
+    before = conv.open_arguments if cid == conv.open_call else {}
+    earlier = conv.edits.get(cid)
+    if earlier is not None:
+        before = earlier.last
+    said = [*(earlier.said if earlier else []), f"<@{e.reviewer}> changed {_changed(before, e)}"]
+    conv.edits[cid] = _Edited(_json(e.arguments, e), said, e.arguments)
+    if e.policy == "reject":
+        conv.answer(cid, f"Not run: the policy refuses the edited call: {e.reason}", error=True)
+
+
+def _changed(before: dict[str, Any], e: ev.ApprovalEdited) -> str:
+    return edits.describe(edits.changes(before, e.arguments)) or "nothing"
 
 
 def _approval_rejected(conv: _Conversation, e: ev.ApprovalRejected, version: str) -> None:
@@ -223,17 +266,17 @@ def _approval_withdrawn(conv: _Conversation, e: ev.ApprovalWithdrawn, version: s
 
 def _tool_result(conv: _Conversation, e: ev.ToolResult, version: str) -> None:
     if e.ok:
-        conv.answer(e.tool_call_id, _json(e.output, e))
+        conv.answer(e.tool_call_id, _json(e.output, e), ran=True)
     else:
-        conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True)
+        conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True, ran=True)
 
 
 def _wait_finished(conv: _Conversation, e: ev.WaitFinished, version: str) -> None:
-    conv.answer(e.tool_call_id, _json(e.result, e))
+    conv.answer(e.tool_call_id, _json(e.result, e), ran=True)
 
 
 def _wait_timed_out(conv: _Conversation, e: ev.WaitTimedOut, version: str) -> None:
-    conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True)
+    conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True, ran=True)
 
 
 def _clarification_answered(conv: _Conversation, e: ev.ClarificationAnswered, version: str) -> None:
@@ -262,6 +305,7 @@ PROJECTIONS: dict[type[ev.Event], Callable[[_Conversation, Any, str], None]] = {
     ev.ModelDecision: _model_decision,
     ev.DecisionRejected: _decision_rejected,
     ev.ToolCallRequested: _tool_call_requested,
+    ev.ApprovalEdited: _approval_edited,
     ev.ApprovalRejected: _approval_rejected,
     ev.ApprovalExpired: _approval_expired,
     ev.ApprovalWithdrawn: _approval_withdrawn,

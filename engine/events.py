@@ -46,7 +46,7 @@ CallPolicy = Literal["run_now", "approve_before_run", "wait_for_external_event",
 ReconcileDecision = Literal["happened", "retry", "abandon"]
 ApprovalDecision = Literal["approve", "reject"]
 # What a person may try to decide, each checked by one function (engine.inputs.may_decide).
-RefusedDecision = Literal["approve", "reject", "happened", "retry", "abandon", "cancel"]
+RefusedDecision = Literal["approve", "reject", "edit", "happened", "retry", "abandon", "cancel"]
 
 CLARIFICATION_TOOL = "request_clarification"
 
@@ -200,6 +200,8 @@ class ToolCallRequested(Event):
     as logs from before record). ``definition_hash`` pins the tool definition the call
     (and its approval) was made for. ``idempotent``: a call interrupted after it
     started may simply run again; otherwise a person says whether it happened.
+    ``escalate_to``: the rule's people, groups or channel told when its approval expires
+    (recorded, so a changed policy file does not change a pending call).
     """
 
     type: Literal["tool_call_requested"] = "tool_call_requested"
@@ -217,41 +219,55 @@ class ToolCallRequested(Event):
     approvers: tuple[str, ...] | None = None
     quorum: int = Field(default=1, ge=1)
     allow_self: bool | None = None
+    escalate_to: tuple[str, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _spread_reviewers(cls, data: Any) -> Any:
-        """``reviewers=ReviewerRule(...)`` is stored as the flat fields logs have always
-        held (``rule``, ``approvers`` sorted, ``quorum``, ``allow_self``)."""
-        if isinstance(data, dict) and isinstance(data.get("reviewers"), ReviewerRule):
-            data = dict(data)
-            r: ReviewerRule = data.pop("reviewers")
-            data |= {
-                "rule": r.rule,
-                "approvers": tuple(sorted(r.approvers)),
-                "quorum": r.quorum,
-                "allow_self": r.allow_self,
-            }
-        return data
+        return spread_reviewers(data)
 
     @property
     def reviewers(self) -> ReviewerRule | None:
         """Who may decide the call (None: a call from before this was recorded, which the
         process's default rule decides)."""
-        if self.approvers is None:
-            return None
-        return ReviewerRule(
-            frozenset(self.approvers), self.quorum, bool(self.allow_self), self.rule
-        )
+        return reviewers_of(self.approvers, self.quorum, self.allow_self, self.rule)
+
+
+def spread_reviewers(data: Any) -> Any:
+    """``reviewers=ReviewerRule(...)`` is stored as the flat fields logs have always held
+    (``rule``, ``approvers`` sorted, ``quorum``, ``allow_self``)."""
+    if isinstance(data, dict) and isinstance(data.get("reviewers"), ReviewerRule):
+        data = dict(data)
+        r: ReviewerRule = data.pop("reviewers")
+        data |= {
+            "rule": r.rule,
+            "approvers": tuple(sorted(r.approvers)),
+            "quorum": r.quorum,
+            "allow_self": r.allow_self,
+        }
+    return data
+
+
+def reviewers_of(
+    approvers: tuple[str, ...] | None, quorum: int, allow_self: bool | None, rule: int | None
+) -> ReviewerRule | None:
+    """The flat fields back as one rule (None when no approvers were recorded)."""
+    if approvers is None:
+        return None
+    return ReviewerRule(frozenset(approvers), quorum, bool(allow_self), rule)
 
 
 class ApprovalRequested(Event):
+    """The card: ``expires_at`` closes it unanswered; ``remind_at`` (None: no reminder)
+    is when the approvers are reminded if nobody has decided by then."""
+
     type: Literal["approval_requested"] = "approval_requested"
     facts = Facts(input=False, people="card", model=False, summary="omitted")
     tool_call_id: str
     arguments_hash: str
     expires_at: AwareDatetime
     reason: str = ""
+    remind_at: AwareDatetime | None = None
 
 
 class ApprovalGranted(Event):
@@ -283,6 +299,40 @@ class ApprovalRefused(Event):
     reason: str
 
 
+class ApprovalEdited(Event):
+    """A reviewer changed the arguments of a call awaiting approval (a modal on its
+    card). The call now has ``arguments`` (``arguments_hash``; ``previous_hash`` is the
+    hash the edit was made on), earlier votes no longer count, and the reviewer rule is
+    the one the policy gives the new arguments, never below what the call needed
+    (``engine.edits.after_edit``), stored flat as on ``tool_call_requested`` (None: the
+    call's rule is unchanged). ``policy`` "reject": the policy refuses the new arguments,
+    which closes the call with ``reason`` as its error result. The actor is the reviewer."""
+
+    type: Literal["approval_edited"] = "approval_edited"
+    facts = Facts(input=True, people="card", model=True, summary="step")
+    tool_call_id: str
+    reviewer: str
+    arguments: JsonDict
+    arguments_hash: str
+    previous_hash: str
+    policy: Literal["approve_before_run", "reject"] = "approve_before_run"
+    reason: str = ""
+    rule: int | None = None
+    approvers: tuple[str, ...] | None = None
+    quorum: int = Field(default=1, ge=1)
+    allow_self: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spread_reviewers(cls, data: Any) -> Any:
+        return spread_reviewers(data)
+
+    @property
+    def reviewers(self) -> ReviewerRule | None:
+        """Who may decide the edited call (None: the same as before the edit)."""
+        return reviewers_of(self.approvers, self.quorum, self.allow_self, self.rule)
+
+
 class ApprovalWithdrawn(Event):
     """The requester wrote again while their call waited for a reviewer: the card no
     longer stands (a click on it is refused) and the model decides again, the new
@@ -293,6 +343,15 @@ class ApprovalWithdrawn(Event):
     facts = Facts(input=True, people="card", model=True, summary="step")
     tool_call_id: str
     reason: str
+
+
+class ApprovalReminded(Event):
+    """Nobody decided by the card's ``remind_at``: the approvers are reminded in the
+    thread, once (the runner appends it when the thread wakes at that time)."""
+
+    type: Literal["approval_reminded"] = "approval_reminded"
+    facts = Facts(input=False, people="card", model=False, summary="omitted")
+    tool_call_id: str
 
 
 class ApprovalExpired(Event):
@@ -438,7 +497,9 @@ AnyEvent = Annotated[
     | ApprovalGranted
     | ApprovalRejected
     | ApprovalRefused
+    | ApprovalEdited
     | ApprovalWithdrawn
+    | ApprovalReminded
     | ApprovalExpired
     | ToolStarted
     | ToolResult

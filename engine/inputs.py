@@ -13,19 +13,25 @@ reconcile buttons, cancel) goes through it, and so does the decision itself.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from engine import events as ev
+from engine.edits import GENERAL, after_edit, field_errors
 from engine.errors import ThreadNotFound
 from engine.events import utcnow
+from engine.policy import Registry, ToolLike
 from engine.policy import arguments_hash as call_hash
 from engine.retrying import retrying
 from engine.reviewers import ReviewerRule
-from engine.state import PendingCall, ThreadState
+from engine.rules import PolicySet
+from engine.state import PendingCall, ThreadState, apply
 from engine.store import Store, ThreadKey
 from tools.output import storable
+from tools.schemas import instance_too_large
 
 # Which of these S… user groups is the user in; may raise (the front door maps its
 # lookup error to "try again").
@@ -77,11 +83,13 @@ class DecisionRequest:
 
 @dataclass(frozen=True)
 class Decidable:
-    """A call that ``Decider`` may decide now (nothing was stored)."""
+    """A call that ``Decider`` may decide now (nothing was stored), with the arguments
+    it has now (what an edit starts from)."""
 
     thread_id: str
     tool_call_id: str
     intent: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,15 @@ class Refused:
     thread_id: str
     reason: str
     event: ev.AnyEvent | None = None
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Arguments an edit may not give a call, nothing stored: what is wrong, by top-level
+    argument (``engine.edits.GENERAL`` for what is about none)."""
+
+    thread_id: str
+    errors: dict[str, str]
 
 
 async def _append_one(
@@ -201,8 +218,8 @@ async def may_decide(
 ) -> str | None:
     """May the request's decider make its decision now? None if so; else why not.
 
-    The one answer for approval votes (approve, reject), reconciles (happened, retry,
-    abandon) and cancel. In order: the call must await this decision (with these
+    The one answer for approval votes (approve, reject), edits, reconciles (happened,
+    retry, abandon) and cancel. In order: the call must await this decision (with these
     arguments, not expired), the decider must act from the thread's organisation, and
     the call's reviewer rule (:func:`reviewer_rule`) must allow them. Cancel is open to
     the requester and to whoever may decide the pending call (:func:`_why_not_canceller`).
@@ -217,7 +234,7 @@ async def may_decide(
             return None
         return await _why_not_canceller(state, decider, default)
     assert call_id is not None, "an approval or a reconcile names its call"
-    if decision in ("approve", "reject"):
+    if decision in ("approve", "reject", "edit"):
         now = request.now or utcnow()
         why = await why_not_decidable(store, state, call_id, request.arguments_hash, now)
     else:
@@ -230,7 +247,8 @@ async def may_decide(
     rule = reviewer_rule(call, default)
     if decision == "approve" and call is not None and decider.user in call.votes:
         return "you already approved this call; it needs another person"
-    # A reconcile is held to the approval's rule: the requester only with allow_self.
+    # A reconcile and an edit are held to the approval's rule: the requester only with
+    # allow_self.
     verdict: ev.ApprovalDecision = "reject" if decision == "reject" else "approve"
     groups = await _groups_for(decider, rule)
     why = rule.may_decide(verdict, decider.user, state.requester, groups)
@@ -318,6 +336,139 @@ async def decide_approval(
     return await retrying(once)
 
 
+@dataclass(frozen=True)
+class Edit:
+    """A reviewer's new arguments for the call ``tool_call_id`` (the card's Edit modal,
+    made on the arguments ``arguments_hash``); ``approve``: "Save and approve", the
+    editor's own vote on the edited call."""
+
+    thread_id: str
+    tool_call_id: str
+    arguments: dict[str, Any]
+    arguments_hash: str
+    approve: bool = False
+    dedupe_key: str | None = None
+    now: datetime | None = None
+
+
+async def edit_call(
+    store: Store,
+    edit: Edit,
+    *,
+    decider: Decider,
+    tools: Registry,
+    policies: PolicySet | None,
+    reviewers: ReviewerRule,
+) -> Accepted | Refused | Invalid:
+    """Give a call awaiting approval new arguments (``approval_edited``), and with
+    ``approve`` the editor's vote in the same transaction.
+
+    Who may edit is who may approve the call (:func:`may_decide`, recorded as any refused
+    click). The arguments are checked against the tool's schema (``Invalid``, nothing
+    stored). ``policies`` (None: the call keeps its rule) decide the new arguments
+    again: a reject closes the call with its reason; otherwise the stricter of the two
+    reviewer rules stands (:func:`engine.edits.after_edit`) and earlier votes no longer
+    count. The editor's vote is asked of :func:`may_decide` on the edited call; a refusal
+    is recorded and nothing else is stored. The call keeps its id and idempotency key.
+    """
+    thread_id, key = edit.thread_id, edit.dedupe_key
+    request = DecisionRequest(
+        thread_id, decider, "edit", edit.tool_call_id, edit.arguments_hash, key, edit.now
+    )
+
+    async def once() -> Accepted | Refused | Invalid:
+        if key and (seen := await _seen(store, thread_id, key)):
+            return seen
+        state, refused = await _load_checked(store, request, reviewers)
+        if refused is not None:
+            return refused
+        call = state.pending
+        assert call is not None  # may_decide
+        tool = tools.get(call.intent)
+        if tool is None:
+            return Invalid(thread_id, {GENERAL: f"{call.intent} is not loaded here"})
+        if (errors := _argument_errors(tool, edit.arguments)) is not None:
+            return Invalid(thread_id, errors)
+        digest = call_hash(call.intent, edit.arguments)
+        edited: ev.ApprovalEdited | None = None
+        if digest != call.arguments_hash:
+            try:
+                edited = await _edited(store, state, call, tool, edit, decider, policies, reviewers)
+            except Exception as exc:  # a rule's `when` that cannot be evaluated
+                undecided = f"the policy could not decide: {_one_line(exc)}"
+                return Invalid(thread_id, {GENERAL: undecided})
+        elif not edit.approve:
+            return Invalid(thread_id, {GENERAL: "these are the arguments the call has already"})
+        batch: list[ev.Event] = [edited] if edited is not None else []
+        if edit.approve and (edited is None or edited.policy != "reject"):
+            # The vote is on the edited call, by its rule (the editor may not be its approver).
+            vote = DecisionRequest(
+                thread_id, decider, "approve", call.tool_call_id, digest, key, edit.now
+            )
+            after = apply(state, edited) if edited is not None else state
+            if (why := await may_decide(store, after, vote, reviewers)) is not None:
+                return await _refuse(store, state, vote, why)
+            granted = ev.ApprovalGranted(
+                actor=decider.user,
+                tool_call_id=call.tool_call_id,
+                dedupe_key=None if edited is not None else key,  # one per input
+            )
+            batch.append(granted)
+        done = await store.append(thread_id, state.last_seq, batch, state=state)
+        return Accepted(thread_id, done.events[0], done.deduplicated)
+
+    return await retrying(once)
+
+
+def _argument_errors(tool: ToolLike, arguments: dict[str, Any]) -> dict[str, str] | None:
+    """What is wrong with ``arguments`` for ``tool``, by argument; None if nothing."""
+    if (too_large := instance_too_large(arguments)) is not None:
+        return {GENERAL: too_large}
+    try:
+        tool.parse_arguments(arguments)
+    except ValidationError as exc:
+        return field_errors(exc) or {GENERAL: "the arguments are not valid"}
+    except Exception as exc:  # a schema that cannot be evaluated
+        return {GENERAL: f"the arguments could not be checked: {_one_line(exc)}"}
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+async def _edited(
+    store: Store,
+    state: ThreadState,
+    call: PendingCall,
+    tool: ToolLike,
+    edit: Edit,
+    decider: Decider,
+    policies: PolicySet | None,
+    default: ReviewerRule,
+) -> ev.ApprovalEdited:
+    """The edit, with what the policy says of the new arguments (never below what the
+    call needed)."""
+    decided: dict[str, Any] = {}
+    if policies is not None:
+        channel = (await store.get_thread(state.thread_id)).channel
+        new = policies.decide(tool, edit.arguments, channel)
+        if new.policy == "reject":
+            decided = {"policy": "reject", "reason": new.reason}
+        else:  # run_now and waits too: an edit never lowers the approval it needs
+            decided = {"reviewers": after_edit(reviewer_rule(call, default), new.reviewers)}
+    return ev.ApprovalEdited(
+        actor=decider.user,
+        tool_call_id=call.tool_call_id,
+        reviewer=decider.user,
+        arguments=edit.arguments,
+        arguments_hash=call_hash(call.intent, edit.arguments),
+        previous_hash=call.arguments_hash,
+        dedupe_key=edit.dedupe_key,
+        **decided,
+    )
+
+
 async def _seen(store: Store, thread_id: str, dedupe_key: str) -> Accepted | Refused | None:
     """What a redelivered input already did, if it was seen."""
     seen = await store.find_by_dedupe_key(thread_id, dedupe_key)
@@ -334,14 +485,15 @@ async def check_decision(
     *,
     tool_call_id: str,
     decider: Decider,
-    decision: ev.ApprovalDecision,
+    decision: ev.ApprovalDecision | Literal["edit"],
     reviewers: ReviewerRule,
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
 ) -> Decidable | Refused:
-    """Ask before deciding (the reject button opens a modal first): ``Decidable`` stores
-    nothing; a refusal is recorded as :func:`decide_approval` would record it."""
+    """Ask before deciding (the reject and edit buttons open a modal first):
+    ``Decidable`` stores nothing; a refusal is recorded as :func:`decide_approval` would
+    record it."""
     request = DecisionRequest(
         thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key, now
     )
@@ -360,8 +512,9 @@ async def _checked(
         state, refused = await _load_checked(store, request, reviewers)
         if refused is not None:
             return refused
-        assert state.pending is not None and request.tool_call_id is not None  # may_decide
-        return Decidable(thread_id, request.tool_call_id, state.pending.intent)
+        call = state.pending
+        assert call is not None and request.tool_call_id is not None  # may_decide
+        return Decidable(thread_id, request.tool_call_id, call.intent, call.arguments)
 
     return await retrying(once)
 
@@ -529,6 +682,8 @@ async def describe_closed_call(store: Store, thread_id: str, tool_call_id: str) 
             granted = e
         elif isinstance(e, ev.ToolStarted) and granted is not None:
             break
+        elif isinstance(e, ev.ApprovalEdited) and e.policy == "reject":
+            return f"refused by the policy after an edit by {e.actor} at {_hhmm(e.created_at)} UTC"
         elif type(e) in verdicts:
             who = f" by {e.actor}" if isinstance(e, ev.ApprovalRejected) else ""
             return f"{verdicts[type(e)]}{who} at {_hhmm(e.created_at)} UTC"

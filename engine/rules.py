@@ -179,6 +179,8 @@ def _from_rule(
         reviewers=reviewers,
         reason=reason,
         expires_in_s=rule.expires_in or defaults.expires_in_s,
+        remind_after_s=rule.remind_after,
+        escalate_to=tuple(dict.fromkeys(rule.escalate_to or ())),
         idempotent=idempotent,
         trust_hints=bool(rule.trust_hints),
     )

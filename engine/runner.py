@@ -177,6 +177,9 @@ class _Turn:
                     await self._ask_model()
                 elif action == "execute_tool":
                     await self._execute(self._pending())
+                elif action == "remind_approval":
+                    call = self._pending()
+                    await self._append([ev.ApprovalReminded(tool_call_id=call.tool_call_id)])
                 elif action == "expire_approval":
                     call = self._pending()
                     await self._append([ev.ApprovalExpired(tool_call_id=call.tool_call_id)])
@@ -336,22 +339,36 @@ class _Turn:
             assert use is not None
             batch.append(self._requested(use.id, use.name, use.input, verdict))
             if verdict.kind == "approve_before_run":
-                ttl = verdict.rule.expires_in_s if verdict.rule else self.r.config.approval_ttl_s
-                expires = self.r.clock() + timedelta(seconds=ttl)
-                batch.append(
-                    ev.ApprovalRequested(
-                        tool_call_id=use.id,
-                        arguments_hash=arguments_hash(use.name, use.input),
-                        expires_at=expires,
-                        reason=decision.text,
-                    )
-                )
+                batch.append(self._approval(use.id, use.name, use.input, decision, verdict))
             elif verdict.kind != "refuse":
                 # The intent commits with the decision: one transaction, not two.
                 batch.append(ev.ToolStarted(tool_call_id=use.id, attempt=1))
         await self._append(batch)
         if self.state.pending is not None and self.state.pending.phase == "started":
             await self._invoke(self.state.pending)
+
+    def _approval(
+        self,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        decision: Decision,
+        verdict: Verdict,
+    ) -> ev.ApprovalRequested:
+        """The card, with its timers as the rule sets them now: recorded, so neither a
+        restart nor a changed policy file moves a pending call's reminder or expiry."""
+        rule = verdict.rule
+        now = self.r.clock()
+        ttl = rule.expires_in_s if rule else self.r.config.approval_ttl_s
+        remind = rule.remind_after_s if rule else None
+        return ev.ApprovalRequested(
+            tool_call_id=call_id,
+            arguments_hash=arguments_hash(name, arguments),
+            expires_at=now + timedelta(seconds=ttl),
+            reason=decision.text,
+            # A reminder due at or after the expiry would never come.
+            remind_at=now + timedelta(seconds=remind) if remind and remind < ttl else None,
+        )
 
     def _requested(
         self, call_id: str, name: str, arguments: dict[str, Any], verdict: Verdict
@@ -365,7 +382,7 @@ class _Turn:
         reviewers: dict[str, Any] = {}
         if rule is not None:
             idempotent = idempotent if rule.idempotent is None else rule.idempotent
-            reviewers = {"reviewers": rule.reviewers}
+            reviewers = {"reviewers": rule.reviewers, "escalate_to": rule.escalate_to}
         return ev.ToolCallRequested(
             tool_call_id=call_id,
             intent=name,

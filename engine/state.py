@@ -36,7 +36,13 @@ Phase = Literal[
     "requested", "awaiting_approval", "ready", "started", "retry_wait", "waiting", "unknown"
 ]
 Action = Literal[
-    "execute_tool", "ask_model", "expire_approval", "check_wait", "wait_timeout", "none"
+    "execute_tool",
+    "ask_model",
+    "remind_approval",
+    "expire_approval",
+    "check_wait",
+    "wait_timeout",
+    "none",
 ]
 
 NOTES_KEPT = 3  # SaidSince kept per pending call (the count goes on)
@@ -106,6 +112,9 @@ class PendingCall(_Frozen):
     arguments_hash: str = ""
     expires_at: AwareDatetime | None = None
     requested_at: AwareDatetime | None = None  # when its approval was asked for
+    # When its approvers are reminded (None: never), and when they were, once.
+    remind_at: AwareDatetime | None = None
+    reminded_at: AwareDatetime | None = None
     retry_at: AwareDatetime | None = None
     wait: WaitInfo | None = None
     # Messages since its approval was requested: the latest few, and how many in all.
@@ -138,6 +147,16 @@ class PendingCall(_Frozen):
     @property
     def quorum(self) -> int:
         return self.reviewers.quorum if self.reviewers is not None else 1
+
+    @property
+    def approval_due(self) -> datetime | None:
+        """When its open approval needs the runner: the reminder, until it is sent (if it
+        comes before the expiry), then the expiry."""
+        remind, expires = self.remind_at, self.expires_at
+        if remind is not None and self.reminded_at is None:
+            if expires is None or remind < expires:
+                return remind
+        return expires
 
     @property
     def counted_votes(self) -> int:
@@ -178,7 +197,7 @@ class ThreadState(_Frozen):
         if self.status == "sleeping":
             return self.pending.retry_at if self.pending else self.model_retry_at
         if self.status == "awaiting_approval" and self.pending:
-            return self.pending.expires_at
+            return self.pending.approval_due
         if self.status == "awaiting_job" and self.pending and self.pending.wait:
             return min(self.pending.wait.wake_at, self.pending.wait.timeout_at)
         return None
@@ -350,6 +369,7 @@ def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, An
         {
             "phase": "awaiting_approval",
             "expires_at": e.expires_at,
+            "remind_at": e.remind_at,
             "requested_at": e.created_at,
             "arguments_hash": e.arguments_hash,
         },
@@ -373,6 +393,34 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
     if voted.counted_votes < call.quorum:
         return {"pending": voted}
     return {"pending": evolve(voted, {"phase": "ready"}), "status": "running"}
+
+
+def _approval_reminded(s: ThreadState, e: ev.ApprovalReminded) -> dict[str, Any]:
+    """The approvers are reminded once, while the card still waits for a decision."""
+    _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
+    call = _pending(s, e, e.tool_call_id, "awaiting_approval")
+    _require(call.remind_at is not None, e, s, "the call's rule sets no reminder")
+    _require(call.reminded_at is None, e, s, "its approvers were reminded already")
+    return {"pending": evolve(call, {"reminded_at": e.created_at})}
+
+
+def _approval_edited(s: ThreadState, e: ev.ApprovalEdited) -> dict[str, Any]:
+    """The call has new arguments: earlier votes no longer count, and its reviewer rule
+    is the one recorded with the edit; an edit the policy refuses closes the call."""
+    _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
+    call = _pending(s, e, e.tool_call_id, "awaiting_approval")
+    _require(e.previous_hash == call.arguments_hash, e, s, "edits arguments the call no longer has")
+    if e.policy == "reject":
+        setback = CallSetback(kind="rejected", intent=call.intent)
+        return {"pending": None, "status": "running", "setback": setback}
+    update: dict[str, Any] = {
+        "arguments": e.arguments,
+        "arguments_hash": e.arguments_hash,
+        "votes": (),
+    }
+    if e.reviewers is not None:
+        update |= {"reviewers": e.reviewers, "rule": e.rule}
+    return {"pending": evolve(call, update)}
 
 
 _CLOSED_AS: dict[type[ev.Event], Literal["rejected", "expired", "withdrawn"]] = {
@@ -517,6 +565,8 @@ APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
     ev.ApprovalRejected: _approval_closed,
     ev.ApprovalExpired: _approval_closed,
     ev.ApprovalWithdrawn: _approval_closed,
+    ev.ApprovalEdited: _approval_edited,
+    ev.ApprovalReminded: _approval_reminded,
     ev.ApprovalRefused: _no_change,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,
@@ -570,7 +620,10 @@ def next_action(state: ThreadState, now: datetime) -> Action:
     if status == "sleeping":
         return "execute_tool" if call is not None else "ask_model"
     if status == "awaiting_approval":
-        return "expire_approval"
+        # Due: the reminder while the expiry is still ahead, else the expiry (a thread
+        # woken late, past both, expires without a reminder first).
+        expires = call.expires_at if call is not None else None
+        return "remind_approval" if expires is not None and expires > now else "expire_approval"
     if status == "awaiting_job" and call is not None and call.wait is not None:
         return "wait_timeout" if call.wait.timeout_at <= now else "check_wait"
     return "none"

@@ -9,6 +9,12 @@ from sqlmodel import Field, SQLModel
 
 from engine.db import UTCDateTime
 
+# The events that are a person's decision on a call (``Store.decisions_by``, the App
+# Home's "Decided by me"), and the predicate of the partial index that finds them by
+# actor: a handful of rows per decision, so appends of every other event never touch it.
+DECISION_TYPES = ("approval_granted", "approval_rejected", "reconcile_decided")
+DECIDED = sa.text("type IN ({})".format(", ".join(f"'{t}'" for t in DECISION_TYPES)))
+
 
 class ThreadRow(SQLModel, table=True):
     __tablename__ = "threads"
@@ -33,7 +39,16 @@ class ThreadRow(SQLModel, table=True):
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
-    __table_args__ = (sa.UniqueConstraint("thread_id", "dedupe_key", name="uq_events_dedupe"),)
+    __table_args__ = (
+        sa.UniqueConstraint("thread_id", "dedupe_key", name="uq_events_dedupe"),
+        sa.Index(
+            "ix_events_decisions",
+            "actor",
+            "created_at",
+            postgresql_where=DECIDED,
+            sqlite_where=DECIDED,
+        ),
+    )
 
     thread_id: str = Field(primary_key=True, foreign_key="threads.id", max_length=64)
     seq: int = Field(primary_key=True)

@@ -126,13 +126,20 @@ def _tool_call_requested(e: ev.ToolCallRequested) -> str:
         text += f" quorum {e.quorum}"
     if not e.idempotent:
         text += " non-idempotent"
+    if e.escalate_to:
+        text += f" escalate to {','.join(e.escalate_to)}"
     return text + _reason(e.reason)
 
 
 def _approval_requested(e: ev.ApprovalRequested) -> str:
-    return f"approval of {e.tool_call_id} until {_at(e.expires_at, e.created_at)}" + _reason(
-        e.reason
-    )
+    until = f"until {_at(e.expires_at, e.created_at)}"
+    if e.remind_at is not None:
+        until += f", reminder {_at(e.remind_at, e.created_at)}"
+    return f"approval of {e.tool_call_id} {until}" + _reason(e.reason)
+
+
+def _approval_reminded(e: ev.ApprovalReminded) -> str:
+    return f"reminded the approvers of {e.tool_call_id}"
 
 
 def _approval_granted(e: ev.ApprovalGranted) -> str:
@@ -156,6 +163,17 @@ def _tool_outcome_unknown(e: ev.ToolOutcomeUnknown) -> str:
 def _reconcile_decided(e: ev.ReconcileDecided) -> str:
     said = {"happened": "it happened", "retry": "run it again", "abandon": "it did not happen"}
     return f"{e.tool_call_id}: {said[e.decision]} (by {e.reviewer})" + _reason(e.note)
+
+
+def _approval_edited(e: ev.ApprovalEdited) -> str:
+    text = f"edited {e.tool_call_id}: {excerpt(e.arguments)}"
+    if e.rule is not None:
+        text += f" rule {e.rule}"
+    if e.quorum > 1:
+        text += f" quorum {e.quorum}"
+    if e.policy == "reject":
+        text += " refused by the policy"
+    return text + _reason(e.reason)
 
 
 def _approval_withdrawn(e: ev.ApprovalWithdrawn) -> str:
@@ -226,6 +244,8 @@ SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
     ev.ApprovalRefused: _approval_refused,
     ev.ApprovalExpired: _approval_expired,
     ev.ApprovalWithdrawn: _approval_withdrawn,
+    ev.ApprovalEdited: _approval_edited,
+    ev.ApprovalReminded: _approval_reminded,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,
     ev.ToolOutcomeUnknown: _tool_outcome_unknown,

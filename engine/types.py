@@ -37,6 +37,17 @@ class ThreadInfo:
 
 
 @dataclass(frozen=True)
+class Decided:
+    """One decision a person made on a call (``Store.decisions_by``): the event (an
+    ``approval_granted`` vote, an ``approval_rejected`` or a ``reconcile_decided``), the
+    thread it was made in, and the tool of the call it decided (None: not found)."""
+
+    event: AnyEvent
+    thread: ThreadKey
+    tool: str | None
+
+
+@dataclass(frozen=True)
 class Appended:
     """What an append stored. ``deduplicated``: the input was there already."""
 

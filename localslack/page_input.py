@@ -54,7 +54,8 @@ class Click(_Body):
 
 
 class Submit(_Body):
-    values: dict[str, dict[str, str | None]] = Field(default_factory=dict)
+    # A text input's text or a select's chosen value; the ticked values of checkboxes.
+    values: dict[str, dict[str, str | list[str] | None]] = Field(default_factory=dict)
 
 
 class UserOnly(_Body):
@@ -130,11 +131,15 @@ def find_element(
     return None
 
 
+_INPUTS = ("plain_text_input", "static_select", "checkboxes")
+
+
 def view_state(
-    view: dict[str, Any], given: dict[str, dict[str, str | None]]
+    view: dict[str, Any], given: dict[str, dict[str, str | list[str] | None]]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``view.state.values`` from what the person typed, and the errors Slack's client
-    would show before sending (a required field empty, a text too long or short)."""
+    """``view.state.values`` from what the person typed, chose or ticked, and the errors
+    Slack's client would show before sending (a required field empty, a text too long or
+    short). A choice the input does not offer is a :class:`BadRequest`."""
     values: dict[str, Any] = {}
     errors: dict[str, str] = {}
     known = set()
@@ -143,14 +148,19 @@ def view_state(
             continue
         element = block.get("element") or {}
         block_id, action_id = block.get("block_id"), element.get("action_id")
-        if not block_id or not action_id or element.get("type") != "plain_text_input":
+        if not block_id or not action_id or element.get("type") not in _INPUTS:
             continue
         known.add(block_id)
         value = (given.get(block_id) or {}).get(action_id)
         value = value if value else None
         if value is None and not block.get("optional"):
             errors[block_id] = "Please complete this required field."
-        elif value is not None and len(value) > int(element.get("max_length") or 3000):
+        if element["type"] != "plain_text_input":
+            values[block_id] = {action_id: _chosen(element, block_id, value)}
+            continue
+        if isinstance(value, list):
+            raise BadRequest(f"{block_id}: a text input takes a text")
+        if value is not None and len(value) > int(element.get("max_length") or 3000):
             errors[block_id] = f"Please use at most {element.get('max_length') or 3000} characters."
         elif value is not None and len(value) < int(element.get("min_length") or 0):
             errors[block_id] = f"Please use at least {element['min_length']} characters."
@@ -159,3 +169,19 @@ def view_state(
     if unknown:
         raise BadRequest(f"the modal has no input {unknown[0]!r}")
     return values, errors
+
+
+def _chosen(
+    element: dict[str, Any], block_id: str, value: str | list[str] | None
+) -> dict[str, Any]:
+    """A select's or checkboxes' state: the options chosen, as Slack sends them back."""
+    options = {o.get("value"): o for o in element.get("options") or [] if isinstance(o, dict)}
+    picked = [] if value is None else [value] if isinstance(value, str) else value
+    unknown = [v for v in picked if v not in options]
+    if unknown:
+        raise BadRequest(f"{block_id}: no option {unknown[0]!r}")
+    if element["type"] == "static_select":
+        if len(picked) > 1:
+            raise BadRequest(f"{block_id}: a select takes one option")
+        return {"type": "static_select", "selected_option": options[picked[0]] if picked else None}
+    return {"type": "checkboxes", "selected_options": [options[v] for v in picked]}

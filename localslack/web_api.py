@@ -69,10 +69,12 @@ class WebApi:
             "chat.postMessage": self.post_message,
             "chat.update": self.update,
             "chat.postEphemeral": self.post_ephemeral,
+            "chat.getPermalink": self.permalink,
             "views.open": self.views_open,
             "views.update": self.views_update,
             "views.publish": self.views_publish,
             "conversations.replies": self.replies,
+            "conversations.history": self.history,
             "users.info": self.users_info,
             "usergroups.users.list": self.usergroup_users,
         }
@@ -306,6 +308,44 @@ class WebApi:
             "has_more": more,
             "response_metadata": {"next_cursor": cursor},
         }
+
+    def history(self, p: dict[str, Any]) -> dict[str, Any]:
+        """A channel's top-level messages, newest first, from ``oldest`` (exclusive)."""
+        channel = self._channel(p)
+        ws = self.workspace
+        try:
+            oldest = float(p.get("oldest") or 0)
+            limit = max(1, min(1000, int(p.get("limit") or 100)))
+        except (TypeError, ValueError):
+            raise ApiError("invalid_arguments") from None
+        top = [
+            m
+            for m in ws.messages.get(channel, [])
+            if m.get("thread_ts", m["ts"]) == m["ts"] and float(m["ts"]) > oldest
+        ]
+        top.reverse()
+        start = decode_cursor(p.get("cursor"))
+        page = top[start : start + limit]
+        with_metadata = p.get("include_all_metadata") in _TRUE
+        messages = [{k: v for k, v in m.items() if k != "metadata" or with_metadata} for m in page]
+        more = start + limit < len(top)
+        return {
+            "messages": messages,
+            "has_more": more,
+            "response_metadata": {"next_cursor": encode_cursor(start + limit) if more else ""},
+        }
+
+    def permalink(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The web link to a message; a reply's opens its thread (as Slack's does)."""
+        channel = self._channel(p)
+        message = self.workspace.find(channel, p.get("message_ts"))
+        if message is None:
+            raise ApiError("message_not_found")
+        link = f"{self.identity.url}archives/{channel}/p{message['ts'].replace('.', '')}"
+        root = message.get("thread_ts")
+        if root and root != message["ts"]:
+            link += f"?thread_ts={root}&cid={channel}"
+        return {"channel": channel, "permalink": link}
 
     def users_info(self, p: dict[str, Any]) -> dict[str, Any]:
         user_id = required(p, "user", "user_not_found")

@@ -19,7 +19,8 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from bot.listeners import approvals, commands, messages, reconcile
 from bot.listeners.deps import CONTEXT_KEY, Deps
 from bot.refusals import shown_in_modal, told_privately
-from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
+from bot.render.edit import APPROVE_BLOCK, EDIT_CALLBACK
 from bot.render.modals import NOTE_BLOCK, NOTE_CALLBACK, REJECT_CALLBACK
 from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
 from bot.render.status import CANCEL_ACTION
@@ -46,8 +47,11 @@ def register(app: AsyncApp, deps: Deps) -> None:
     app.event("app_home_opened")(commands.on_home_opened)
     app.action(APPROVE_ACTION)(told_privately(approvals.on_approve, deps.notify))
     app.action(REJECT_ACTION)(told_privately(approvals.on_reject, deps.notify))
+    app.action(EDIT_ACTION)(told_privately(approvals.on_edit, deps.notify))
     app.action(CANCEL_ACTION)(told_privately(approvals.on_cancel, deps.notify))
     app.view(REJECT_CALLBACK)(shown_in_modal(approvals.on_reject_submitted))
+    # A refused edit is told under the modal's one input it always has.
+    app.view(EDIT_CALLBACK)(shown_in_modal(approvals.on_edit_submitted, APPROVE_BLOCK))
     app.action(HAPPENED_ACTION)(told_privately(reconcile.on_happened, deps.notify))
     app.action(RETRY_ACTION)(told_privately(reconcile.on_retry, deps.notify))
     app.action(ABANDON_ACTION)(told_privately(reconcile.on_abandon, deps.notify))

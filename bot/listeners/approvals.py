@@ -1,4 +1,4 @@
-"""The approval card's buttons, the reject modal and the status line's Cancel.
+"""The approval card's buttons, the reject and edit modals, and the status line's Cancel.
 
 Each listener reads the click, asks the engine once (``engine.inputs``: may this person
 decide this card now, and if so, decide), wakes the worker and acks. A refusal is raised
@@ -7,6 +7,8 @@ as :class:`~bot.refusals.Refusal` and told by the wrapper it is registered with.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -17,10 +19,22 @@ from bot import payloads as p
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
 from bot.render.common import Binding, parse_binding
+from bot.render.edit import edit_modal, error_blocks, read_edit
 from bot.render.modals import REASON_ACTION, REASON_BLOCK, reject_modal
 from engine import events as ev
 from engine.errors import ThreadNotFound
-from engine.inputs import Accepted, Decider, Refused, cancel, check_decision, decide_approval
+from engine.inputs import (
+    Accepted,
+    Decidable,
+    Decider,
+    Edit,
+    Invalid,
+    Refused,
+    cancel,
+    check_decision,
+    decide_approval,
+    edit_call,
+)
 
 
 async def on_approve(
@@ -74,6 +88,100 @@ async def on_reject_submitted(
     result = await _decide(d, binding, decider, "reject", f"view:{submitted.view_id}", reason)
     await ack()  # closes the modal
     accepted(d, result)
+
+
+async def on_edit(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    """Opens the arguments modal, storing nothing, when the clicker may approve the call
+    (who may edit it); otherwise the refusal is recorded now and no modal opens."""
+    d, clicked = Deps.of(context), click_of(body)
+    binding = binding_of(clicked.value, INVALID_BUTTON)
+    decider = await d.decider(clicked.user, clicked.org)
+    checked = await _check_edit(d, binding, decider, f"click:{clicked.action_ts}")
+    schema = _schema(d, checked.intent)
+    modal = edit_modal(
+        thread_id=binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        arguments_hash=binding.arguments_hash,
+        tool_name=checked.intent,
+        schema=schema,
+        arguments=checked.arguments,
+    )
+    if modal is None:
+        raise Refusal("Nothing changed: these arguments are too large to edit in Slack.")
+    await ack()
+    # The trigger id expires 3 s after the click: open the modal now.
+    d.background.spawn("views.open", client.views_open(trigger_id=clicked.trigger_id, view=modal))
+
+
+async def on_edit_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    """Saves the edit (and the editor's vote with "Save and approve"); arguments that do
+    not fit the tool's schema keep the modal open, each error under its input, and
+    store nothing."""
+    d, (submitted, binding) = Deps.of(context), form_of(body)
+    values = p.view_values(body.get("view") or {})
+    # Slack resends the same submission alike; a corrected one is another input.
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+    key = f"view:{submitted.view_id}:{digest}"
+    if (seen := await d.store.find_by_dedupe_key(binding.thread_id, key)) is not None:
+        if isinstance(seen, ev.ApprovalRefused):
+            raise Refusal.because(seen.reason)
+        await ack()  # a resent submission: stored already
+        d.wake(binding.thread_id)
+        return
+    decider = await d.decider(submitted.user, submitted.org)
+    checked = await _check_edit(d, binding, decider, key)
+    schema = _schema(d, checked.intent)
+    form = read_edit(schema, values)
+    if form.errors:
+        await ack(response_action="errors", errors=form.errors)
+        return
+    edit = Edit(
+        binding.thread_id,
+        binding.tool_call_id,
+        form.arguments,
+        binding.arguments_hash,
+        approve=form.approve,
+        dedupe_key=key,
+    )
+    assert d.tools is not None  # _schema found the tool
+    result = await edit_call(
+        d.store, edit, decider=decider, tools=d.tools, policies=d.policy, reviewers=d.reviewers
+    )
+    if isinstance(result, Invalid):
+        await ack(response_action="errors", errors=error_blocks(schema, values, result.errors))
+        return
+    await ack()  # closes the modal
+    accepted(d, result)
+
+
+async def _check_edit(d: Deps, binding: Binding, decider: Decider, key: str) -> Decidable:
+    """May ``decider`` edit the bound call now? Its arguments if so; refusals raised."""
+    checked = await check_decision(
+        d.store,
+        binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        decider=decider,
+        decision="edit",
+        reviewers=d.reviewers,
+        arguments_hash=binding.arguments_hash,
+        dedupe_key=key,
+    )
+    if isinstance(checked, Refused):
+        raise Refusal.because(checked.reason)
+    return checked
+
+
+def _schema(d: Deps, intent: str) -> dict[str, Any]:
+    """The JSON Schema of the tool ``intent``'s arguments, if this process has it."""
+    found = d.tools.get(intent) if d.tools is not None else None
+    if found is None:
+        why = f"{intent} is not loaded here, so its arguments cannot be edited"
+        raise Refusal.because(why)
+    return found.input_schema()
 
 
 async def on_cancel(

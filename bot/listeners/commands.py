@@ -1,4 +1,4 @@
-"""``/opsloop`` (help, pending, status) and the App Home tab: read-only views."""
+"""``/opsloop`` (help, pending, status, audit) and the App Home tab: read-only views."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
+from bot.listeners import audit
 from bot.listeners.deps import Deps
 from bot.mrkdwn import escape
 from bot.render import home
@@ -32,6 +33,11 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
         text = home.pending_text(await _pending_rows(d, str(command.get("user_id")), url))
     elif sub == "status":
         text = home.status_text(await _status_rows(d, str(command.get("channel_id")), url))
+    elif sub == "audit":
+        text, blocks = await audit.audit_answer(d, command, words[1:], url)
+        if blocks is not None:
+            await ack(text=text, blocks=blocks, response_type="ephemeral")
+            return
     elif sub == "help":
         text = home.help_text(name)
     else:
@@ -46,7 +52,8 @@ async def on_home_opened(
     user = event.get("user")
     if event.get("tab", "home") == "home" and isinstance(user, str) and user:
         d = Deps.of(context)
-        d.background.spawn("views.publish", _publish_home(d, client, user))
+        team = context.team_id  # "Decided by me" lists this workspace's threads
+        d.background.spawn("views.publish", _publish_home(d, client, user, team))
 
 
 def _row(info: ThreadInfo, url: str | None, call: PendingCall | None = None) -> home.ThreadRow:
@@ -85,8 +92,12 @@ async def _status_rows(d: Deps, channel: str, url: str | None) -> list[home.Thre
     return [_row(t, url) for t in threads]
 
 
-async def _publish_home(d: Deps, client: AsyncWebClient, user: str) -> None:
+async def _publish_home(
+    d: Deps, client: AsyncWebClient, user: str, team: str | None = None
+) -> None:
     url = d.identity.url
     pending = await _pending_rows(d, user, url)
     recent = [_row(t, url) for t in await d.store.list_threads(limit=RECENT, requester=user)]
-    await client.views_publish(user_id=user, view=home.home_view(user, pending, recent))
+    decided = await audit.decided_rows(d, user, team, url)
+    view = home.home_view(user, pending, recent, decided)
+    await client.views_publish(user_id=user, view=view)

@@ -1,5 +1,6 @@
-"""What the listeners share: the store, the approver policy, the worker's kick, Slack
-lookups, and the background tasks that outlive a request."""
+"""What the listeners share: the store, the approver policy, the tools and the rules (for
+edits), the worker's kick, Slack lookups, and the background tasks that outlive a
+request."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from bot.names import Names
 from bot.reviewers import Reviewers
 from engine.inputs import Decider, Org
 from engine.reviewers import ReviewerRule
+from engine.rules import PolicySet
 from engine.store import Store
+from tools import ToolRegistry
 
 log = logging.getLogger("opsloop.bot")
 
@@ -89,6 +92,10 @@ class Deps:
     names: Names
     background: Background
     identity: Identity
+    # What an edit of a call's arguments is checked against: the tools' schemas and the
+    # rules (None: no tools here, so no edits; no policy, so an edit keeps the call's rule).
+    tools: ToolRegistry | None = None
+    policy: PolicySet | None = None
 
     @staticmethod
     def of(context: AsyncBoltContext) -> Deps:

@@ -9,7 +9,10 @@ thing people see:
 - :mod:`bot.render.lines`: one compact line per event people need to see;
 - :mod:`bot.render.status`: the thread's status message and its Cancel button;
 - :mod:`bot.render.modals`: the reject-reason and reconcile-note modals;
+- :mod:`bot.render.edit`: the approval card's Edit modal (a call's arguments as a form),
+  and its submission read back;
 - :mod:`bot.render.home`: the App Home tab and the ``/opsloop`` answers;
+- :mod:`bot.render.audit`: the answer to ``/opsloop audit`` (a thread's approvals);
 - :mod:`bot.render.notification`: the plain ``text`` sent alongside, for notifications.
 
 :mod:`bot.render.common` holds what they share: the block builders, the binding of a

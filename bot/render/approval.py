@@ -1,6 +1,7 @@
 """The approval card: asks a reviewer to approve one call, bound to it by its arguments
 hash; updated in place while it is open (a message written since, a vote short of the
-quorum) and once decided (who decided what, when and why; no buttons).
+quorum, a reviewer's edit of the arguments, shown as a diff) and once decided (who
+decided what, when and why; no buttons).
 
 Pure: no I/O here.
 """
@@ -27,14 +28,20 @@ from bot.render.common import (
     header,
     people_text,
     section,
+    short,
     tool,
 )
+from engine.edits import Change, value_text
 from engine.state import SaidSince
 
-Outcome = Literal["approved", "rejected", "expired", "withdrawn", "cancelled"]
+# "refused": an edit gave the call arguments the policy refuses.
+Outcome = Literal["approved", "rejected", "expired", "withdrawn", "cancelled", "refused"]
 
 APPROVE_ACTION = "opsloop_approve"
+EDIT_ACTION = "opsloop_edit"
 REJECT_ACTION = "opsloop_reject"
+EDITS_SHOWN = 3  # the latest edits a card lists (the count goes on)
+CHANGES_SHOWN = 10  # of one edit
 APPROVAL_BLOCK_PREFIX = "opsloop_approval:"
 NOTE_EXCERPT = 150  # a card quotes this much of a message written since it was posted
 
@@ -60,6 +67,14 @@ class Votes(NamedTuple):
 NO_VOTES = Votes()
 
 
+class Edited(NamedTuple):
+    """A reviewer's edit of the card's call: who, when, and what changed."""
+
+    by: str
+    at: datetime
+    changes: tuple[Change, ...]
+
+
 def approval_card(
     *,
     thread_id: str,
@@ -71,6 +86,8 @@ def approval_card(
     notes: Notes = NO_NOTES,
     people: People = frozenset(),
     votes: Votes | None = None,
+    edits: Sequence[Edited] = (),
+    reminded_at: datetime | None = None,
 ) -> list[Block]:
     """The card asking a reviewer to approve ``call``, bound to it by its arguments hash.
 
@@ -79,7 +96,9 @@ def approval_card(
     ``notes``: what people wrote since the card was posted, shown before the buttons.
     ``people``: user ids named as mentions in the model's reason. ``votes``: the
     approvals so far (default: none, of the call's quorum); the card stays open, showing
-    them, until enough distinct reviewers approved.
+    them, until enough distinct reviewers approved. ``edits``: reviewers' edits of the
+    arguments (``call`` has the latest), shown as a diff under them. ``reminded_at``:
+    when its approvers were reminded in the thread.
     """
     args_hash = arguments_hash or getattr(call, "arguments_hash", "")
     if not args_hash:
@@ -104,14 +123,19 @@ def approval_card(
     actions = {
         "type": "actions",
         "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
-        "elements": [approve, button("Reject", REJECT_ACTION, value, "danger")],
+        "elements": [
+            approve,
+            button("Edit", EDIT_ACTION, value, None),
+            button("Reject", REJECT_ACTION, value, "danger"),
+        ],
     }
+    reminded = f" · 🔔 Reminded {date(reminded_at)}" if reminded_at is not None else ""
     expiry = context(
-        f"⏳ Expires {date(expires_at)} · call {inline_code(call.tool_call_id)}",
+        f"⏳ Expires {date(expires_at)}{reminded} · call {inline_code(call.tool_call_id)}",
         *_policy_hash(call),
     )
     body = _card_body(
-        f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people
+        f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people, edits
     )
     progress = [section(progress_text(votes))] if votes.needed > 1 or votes.by else []
     return [*body, *rule_blocks(call), *progress, expiry, actions]
@@ -123,6 +147,7 @@ _OUTCOME_TITLES: dict[str, str] = {
     "expired": "Approval expired",
     "withdrawn": "Withdrawn",
     "cancelled": "Cancelled",
+    "refused": "Refused by the policy",
 }
 
 
@@ -141,13 +166,15 @@ def decided_card(
     notes: Notes = NO_NOTES,
     people: People = frozenset(),
     votes: Votes = NO_VOTES,
+    edits: Sequence[Edited] = (),
 ) -> list[Block]:
     """The card after the decision: no buttons, and who decided what, when and why.
 
     Takes the inputs of :func:`approval_card` (``reason`` stays the model's stated
     reason, ``notes`` what people wrote while it was open) plus the outcome;
-    ``decision_reason`` is the reviewer's reject reason. ``votes``: the approvals it
-    had; an approved card names every approver (``by`` alone when there are none).
+    ``decision_reason`` is the reviewer's reject reason (or the policy's, when an edit
+    was refused). ``votes``: the approvals it had; an approved card names every
+    approver (``by`` alone when there are none). ``edits`` stay shown.
     """
     del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
     # Slack renders the date as "today at 6:25 PM" or "Dec 1st at 6:25 PM": no "at".
@@ -169,11 +196,16 @@ def decided_card(
         line = f"↩️ Withdrawn {when}: {mention(by)} wrote since"
         if votes.by:
             line += f" (it had {progress_text(votes, icon='')})"
+    elif outcome == "refused":
+        # An edit gave it arguments the policy refuses: it is closed, nothing runs.
+        line = f"⛔ Refused by the policy {when}, after {mention(by)}'s edit"
+        if decision_reason.strip():
+            line += f" — {escape(decision_reason.strip())}"
     else:
         line = f"🚫 Cancelled by {mention(by)} {when}" if by else f"🚫 Cancelled {when}"
     title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
     return [
-        *_card_body(title, thread_id, requester, call, reason, notes, people),
+        *_card_body(title, thread_id, requester, call, reason, notes, people, edits),
         *rule_blocks(call),
         context(f"call {inline_code(call.tool_call_id)}", *_policy_hash(call)),
         section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
@@ -234,6 +266,7 @@ def _card_body(
     reason: str,
     notes: Notes = NO_NOTES,
     people: People = frozenset(),
+    edits: Sequence[Edited] = (),
 ) -> list[Block]:
     named = people | {requester} if requester else people
     why = for_people(escape(reason.strip()), named) if reason.strip() else ""
@@ -241,13 +274,33 @@ def _card_body(
         f"*Why*\n{why or '_The model gave no reason._'}", MAX_TEXT, md.trace_pointer(thread_id)
     )
     note = [section(_notes_text(notes, named))] if notes.latest else []
+    edited = [section(edits_text(edits, thread_id))] if edits else []
     return [
         header(title),
         *note,
         call_fields(requester, call),
         arguments_section(call, thread_id),
+        *edited,
         section(why),
     ]
+
+
+def edits_text(edits: Sequence[Edited], thread_id: str) -> str:
+    """ "✏️ Edited by @bob today at 10:02: environment: staging → production"."""
+    lines = [] if len(edits) <= EDITS_SHOWN else [f"✏️ {len(edits)} edits; the latest:"]
+    for edit in edits[-EDITS_SHOWN:]:
+        shown = [_change_text(c) for c in edit.changes[:CHANGES_SHOWN]]
+        if len(edit.changes) > CHANGES_SHOWN:
+            shown.append(f"and {len(edit.changes) - CHANGES_SHOWN} more")
+        what = "; ".join(shown) or "nothing"
+        lines.append(f"✏️ Edited by {mention(edit.by)} {date(edit.at)}: {what}")
+    return truncate("\n".join(lines), MAX_TEXT, md.trace_pointer(thread_id))
+
+
+def _change_text(change: Change) -> str:
+    """ "environment: staging → production", escaped, each part on one line and cut."""
+    before, after = value_text(change.before), value_text(change.after)
+    return f"{short(change.name, 60)}: {short(before, 80)} → {short(after, 80)}"
 
 
 def _notes_text(notes: Notes, people: People) -> str:

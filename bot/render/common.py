@@ -110,13 +110,16 @@ def confirm(title: str, text: str, yes: str, no: str, style: str) -> dict[str, A
     }
 
 
-def button(text: str, action_id: str, value: str, style: str, **extra: Any) -> dict[str, Any]:
+def button(
+    text: str, action_id: str, value: str, style: str | None, **extra: Any
+) -> dict[str, Any]:
+    """A button; ``style`` None is Slack's default (neither primary nor danger)."""
     return {
         "type": "button",
         "text": plain(text, MAX_BUTTON_TEXT),
         "action_id": action_id,
         "value": value,
-        "style": style,
+        **({"style": style} if style else {}),
         **extra,
     }
 

@@ -55,6 +55,30 @@ class ThreadRow:
     requested_at: datetime | None = None  # when its approval was asked for
 
 
+# What a person decided, as "Decided by me" says it: an approval vote, a rejection, or
+# what they said of a call whose outcome was unknown.
+DECISION_LABELS = {
+    "approved": "✅ approved",
+    "rejected": "❌ rejected",
+    "happened": "🧾 said it happened:",
+    "retry": "🧾 had it run again:",
+    "abandon": "🧾 said it did not happen:",
+}
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """One decision of the Home tab's "Decided by me": what, on which call, where, when."""
+
+    decision: str  # a key of DECISION_LABELS
+    tool: str | None
+    thread_id: str
+    channel: str
+    root_ts: str
+    at: datetime
+    link: str | None = None
+
+
 def channel_name(channel: str) -> str:
     """``<#C…>`` (Slack shows the channel's name), "a direct message", or the id escaped."""
     if _CHANNEL.match(channel):
@@ -62,7 +86,7 @@ def channel_name(channel: str) -> str:
     return "a direct message" if _DM.match(channel) else escape(channel)
 
 
-def where(row: ThreadRow) -> str:
+def where(row: ThreadRow | DecisionRow) -> str:
     """A link to the thread, or how ``opsloop trace`` names it."""
     if row.link and _LINK.match(row.link):
         return f"<{row.link}|open thread>"
@@ -101,20 +125,39 @@ def row_line(row: ThreadRow) -> str:
     return f"• {channel_name(row.channel)} · {status} · {asked} · {where(row)}"
 
 
+def decision_line(row: DecisionRow) -> str:
+    """``• ✅ approved *deploy* · #ops · today at 12:01 · open thread``."""
+    label = DECISION_LABELS.get(row.decision, escape(row.decision))
+    what = f"*{escape(one_line(row.tool)).replace('*', '∗')[:100]}*" if row.tool else "a call"
+    return f"• {label} {what} · {channel_name(row.channel)} · {date(row.at)} · {where(row)}"
+
+
 def lines(rows: Sequence[ThreadRow], empty: str, budget: int = _SECTION_TEXT) -> str:
     """Up to ``MAX_LINES`` whole rows, one a line, within ``budget``; the rest counted."""
-    if not rows:
+    texts = [row_line(r) for r in rows[:MAX_LINES]]
+    return _fit(texts, len(rows), empty, budget, "`opsloop threads` lists them all")
+
+
+def decision_lines(rows: Sequence[DecisionRow], empty: str, budget: int = _SECTION_TEXT) -> str:
+    """As :func:`lines`, for "Decided by me"."""
+    texts = [decision_line(r) for r in rows[:MAX_LINES]]
+    return _fit(texts, len(rows), empty, budget, "`/opsloop audit THREAD` tells a thread's")
+
+
+def _fit(texts: list[str], total: int, empty: str, budget: int, rest: str) -> str:
+    """Whole lines of ``texts`` (of ``total`` rows) within ``budget``; the rest counted."""
+    if not total:
         return empty
     room = budget - 80  # the "…and N more" line
     shown: list[str] = []
-    for r in rows[:MAX_LINES]:
-        line = truncate(row_line(r), room)  # only a monster row is cut
+    for text in texts:
+        line = truncate(text, room)  # only a monster row is cut
         if slack_len("\n".join([*shown, line])) > room:
             break
         shown.append(line)
-    more = len(rows) - len(shown)
+    more = total - len(shown)
     if more > 0:
-        shown.append(f"…and {more} more (`opsloop threads` lists them all)")
+        shown.append(f"…and {more} more ({rest})")
     return "\n".join(shown)
 
 
@@ -126,6 +169,8 @@ def help_text(command: str = "/opsloop") -> str:
             "directly; reply in its thread to follow up, no mention needed.",
             f"`{c} pending`: approvals waiting for you",
             f"`{c} status`: what opsloop is working on in this channel",
+            f"`{c} audit THREAD`: who asked, who decided and what ran in a thread "
+            "(its link or id; alone, in a thread: that one)",
             f"`{c} help`: this help",
         ]
     )
@@ -151,9 +196,16 @@ def _section(text: str) -> dict[str, Any]:
 
 
 def home_view(
-    user: str, pending: Sequence[ThreadRow], recent: Sequence[ThreadRow]
+    user: str,
+    pending: Sequence[ThreadRow],
+    recent: Sequence[ThreadRow],
+    decided: Sequence[DecisionRow] = (),
 ) -> dict[str, Any]:
-    """The Home tab of ``user``: approvals waiting for them and the threads they asked."""
+    """The Home tab of ``user``: approvals waiting for them, what they decided lately
+    (newest first) and the threads they asked."""
+    head = "*Decided by me*\n"
+    empty = "You have not decided anything yet."
+    mine = decision_lines(decided, empty, _SECTION_TEXT - len(head))
     return {
         "type": "home",
         "blocks": [
@@ -161,6 +213,8 @@ def home_view(
             _section(f"Hi {mention(user)}! Mention opsloop in a channel, or write to it here."),
             {"type": "divider"},
             _section(_titled("*Approvals waiting for you*\n", pending, "Nothing to decide. 🎉")),
+            {"type": "divider"},
+            _section(head + mine),
             {"type": "divider"},
             _section(
                 _titled("*Your recent threads*\n", recent, "You have not asked anything yet.")

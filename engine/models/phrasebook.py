@@ -466,11 +466,14 @@ def _after_clarification(request: str, last: _Call, tools: set[str | None]) -> _
 
 
 def _json(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "")
-    except ValueError:
-        return {}  # an elided (cut) result is not JSON; callers fall back to the raw text
-    return value if isinstance(value, dict) else {}
+    # A result may follow a line saying who edited the call's arguments before it ran.
+    for candidate in (text or "", (text or "").partition("\n")[2]):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue  # an elided (cut) result is not JSON; callers fall back to the raw text
+        return value if isinstance(value, dict) else {}
+    return {}
 
 
 def _cut(text: str | None, limit: int) -> str:

@@ -42,7 +42,7 @@ from engine.db import DatabaseConfig
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, utcnow
 from engine.state import ThreadState, reduce
-from engine.types import Appended, ThreadInfo, ThreadKey
+from engine.types import Appended, Decided, ThreadInfo, ThreadKey
 
 SNAPSHOT_EVERY = 200
 # Statuses whose wake_at means "look again at this time".
@@ -231,6 +231,13 @@ class Store(abc.ABC):
     async def _dedupe(self, thread_id: str, key: str) -> Row | None: ...
 
     @abc.abstractmethod
+    async def _decisions(self, actor: str, team: str | None, limit: int) -> list[Row]:
+        """``actor``'s decision events (``DECISION_TYPES``), newest first, each with its
+        thread's ``team``, ``channel``, ``root_ts`` and the ``tool`` (intent) of the
+        ``tool_call_requested`` it decided; through the partial index
+        ``ix_events_decisions``, never a scan of the events table."""
+
+    @abc.abstractmethod
     async def _append(
         self,
         thread_id: str,
@@ -340,6 +347,22 @@ class Store(abc.ABC):
         if not log.exists:
             raise ThreadNotFound(f"no thread {thread_id!r}")
         return ThreadState(thread_id=thread_id)
+
+    async def decisions_by(
+        self, actor: str, limit: int = 20, *, team: str | None = None
+    ) -> list[Decided]:
+        """The latest ``limit`` decisions ``actor`` made on calls, across threads (of
+        ``team`` only, when given), newest first: approvals (one per vote), rejections
+        and reconciles. The App Home's "Decided by me"; nothing is stored for it."""
+        rows = await self._decisions(actor, team, limit)
+        return [
+            Decided(
+                event=mapper.from_row(r),
+                thread=ThreadKey(r["team"], r["channel"], r["root_ts"]),
+                tool=r["tool"],
+            )
+            for r in rows
+        ]
 
     async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
         row = await self._dedupe(thread_id, key)

@@ -37,7 +37,7 @@ from engine.store.base import (
     Store,
     WorkerInfo,
 )
-from engine.tables import EVENTS, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -214,6 +214,22 @@ EXISTS_SQL = Statement("SELECT 1 FROM threads WHERE id = :thread_id")
 DEDUPE_SQL = Statement(
     f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = :thread_id AND dedupe_key = :key"
 )
+# ``:actor``'s decisions (of ``:team``, NULL: any), newest first, through the partial
+# index ``ix_events_decisions`` (its predicate, ``DECIDED``, repeated so the planner
+# uses it); each with the tool of the call it decided, found walking its thread's log
+# back from it by primary key.
+DECISIONS_SQL = Statement(f"""
+SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))},
+    t.team, t.channel, t.root_ts, (
+        SELECT r.payload::jsonb ->> 'intent' FROM events r
+        WHERE r.thread_id = e.thread_id AND r.seq < e.seq AND r.type = 'tool_call_requested'
+          AND r.payload::jsonb ->> 'tool_call_id' = e.payload::jsonb ->> 'tool_call_id'
+        ORDER BY r.seq DESC LIMIT 1
+    ) AS tool
+FROM events e JOIN threads t ON t.id = e.thread_id
+WHERE e.actor = :actor AND e.{DECIDED.text} AND (:team::text IS NULL OR t.team = :team)
+ORDER BY e.created_at DESC, e.thread_id DESC, e.seq DESC LIMIT :limit
+""")
 WAKE_SQL = Statement(
     "UPDATE threads SET wake_at = :wake_at WHERE id = :thread_id AND last_seq = :expected_seq"
 )
@@ -617,6 +633,9 @@ class PostgresStore(Store):
 
     async def _dedupe(self, thread_id: str, key: str) -> Row | None:
         return await self._fetchrow(DEDUPE_SQL, thread_id=thread_id, key=key)
+
+    async def _decisions(self, actor: str, team: str | None, limit: int) -> list[Row]:
+        return await self._fetch(DECISIONS_SQL, actor=actor, team=team, limit=limit)
 
     async def _append(
         self,

@@ -50,7 +50,7 @@ from engine.store.base import (
     WorkerInfo,
 )
 from engine.store.locks import WorkerLocks, worker_of
-from engine.tables import EVENTS, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -98,6 +98,22 @@ EVENTS_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = ? AND seq > 
 SNAPSHOT_SQL = "SELECT state FROM snapshots WHERE thread_id = ?"
 EXISTS_SQL = "SELECT 1 FROM threads WHERE id = ?"
 DEDUPE_SQL = f"SELECT {EVENT_COLUMNS} FROM events WHERE thread_id = ? AND dedupe_key = ?"
+# ?1's decisions (of team ?2, NULL: any), newest first, at most ?3, through the partial
+# index ``ix_events_decisions`` (its predicate, ``DECIDED``, repeated so the planner
+# uses it); each with the tool of the call it decided, found walking its thread's log
+# back from it by primary key.
+DECISIONS_SQL = f"""
+SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))},
+    t.team, t.channel, t.root_ts, (
+        SELECT json_extract(r.payload, '$.intent') FROM events r
+        WHERE r.thread_id = e.thread_id AND r.seq < e.seq AND r.type = 'tool_call_requested'
+          AND json_extract(r.payload, '$.tool_call_id') = json_extract(e.payload, '$.tool_call_id')
+        ORDER BY r.seq DESC LIMIT 1
+    ) AS tool
+FROM events e JOIN threads t ON t.id = e.thread_id
+WHERE e.actor = ?1 AND e.{DECIDED.text} AND (?2 IS NULL OR t.team = ?2)
+ORDER BY e.created_at DESC, e.thread_id DESC, e.seq DESC LIMIT ?3
+"""
 # Arguments in one order for all four: (id, owner or expected_seq, until, now).
 WAKE_SQL = "UPDATE threads SET wake_at = ?3 WHERE id = ?1 AND last_seq = ?2"
 # ?5: an owner found provably dead (engine.store.locks), whose lease goes at once.
@@ -534,6 +550,9 @@ class SqliteStore(Store):
     async def _dedupe(self, thread_id: str, key: str) -> Row | None:
         rows = await self._fetch(DEDUPE_SQL, thread_id, key)
         return rows[0] if rows else None
+
+    async def _decisions(self, actor: str, team: str | None, limit: int) -> list[Row]:
+        return await self._fetch(DECISIONS_SQL, actor, team, limit)
 
     async def _append(
         self,

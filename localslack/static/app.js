@@ -32,7 +32,8 @@
 //   confirm-overlay          shown while a button's confirm is asked, in confirm-dialog:
 //                            confirm-title, confirm-text, confirm-ok, confirm-cancel
 //   modal-overlay, modal     data-view-id, data-callback-id; modal-title, modal-body,
-//                            modal-input (data-block-id, data-action-id),
+//                            modal-input (data-block-id, data-action-id; a text input,
+//                            a select, or with data-kind="checkboxes" a group of them),
 //                            modal-error (data-block-id; shown when the app answers
 //                            response_action "errors"), modal-banner-error,
 //                            modal-submit, modal-close, modal-x
@@ -475,7 +476,11 @@ async function submitModal() {
   if (!view) return;
   const values = {};
   for (const input of $("modal-body").querySelectorAll('[data-testid="modal-input"]')) {
-    (values[input.dataset.blockId] ||= {})[input.dataset.actionId] = input.value;
+    const value =
+      input.dataset.kind === "checkboxes"
+        ? [...input.querySelectorAll('input[type="checkbox"]')].filter((b) => b.checked).map((b) => b.value)
+        : input.value;
+    (values[input.dataset.blockId] ||= {})[input.dataset.actionId] = value;
   }
   const submit = $("modal-submit");
   submit.disabled = true;

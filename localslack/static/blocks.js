@@ -1,5 +1,6 @@
 // Block Kit to DOM nodes: header, section (text, fields, accessory), context, divider,
-// actions (buttons with style and confirm), input (in modals), rich_text and image.
+// actions (buttons with style and confirm), input (in modals: a text input, a static_select
+// or checkboxes), rich_text and image.
 // Text goes through renderMrkdwn or textContent only: nothing is parsed as HTML.
 //
 // Buttons carry data-testid="block-button", data-action-id, data-block-id and
@@ -118,6 +119,42 @@ const RENDERERS = {
       control.dataset.actionId = spec.action_id || "";
       control.id = `input-${blockId}`;
       label.htmlFor = control.id;
+    } else if (spec.type === "static_select") {
+      control = document.createElement("select");
+      // Nothing chosen yet: what an optional select without an initial option sends.
+      const none = el("option", "", unescapeSlack((spec.placeholder || {}).text || "Choose…"));
+      none.value = "";
+      control.appendChild(none);
+      for (const item of spec.options || []) {
+        const option = el("option", "", unescapeSlack((item.text || {}).text || ""));
+        option.value = item.value;
+        control.appendChild(option);
+      }
+      control.value = spec.initial_option ? spec.initial_option.value : "";
+      control.className = "bk-input-control";
+      control.dataset.testid = "modal-input";
+      control.dataset.blockId = blockId;
+      control.dataset.actionId = spec.action_id || "";
+      control.id = `input-${blockId}`;
+      label.htmlFor = control.id;
+    } else if (spec.type === "checkboxes") {
+      // One control for the group: the page sends the values of the ticked boxes.
+      control = el("div", "bk-checkboxes");
+      control.dataset.testid = "modal-input";
+      control.dataset.kind = "checkboxes";
+      control.dataset.blockId = blockId;
+      control.dataset.actionId = spec.action_id || "";
+      const ticked = new Set((spec.initial_options || []).map((o) => o.value));
+      for (const item of spec.options || []) {
+        const row = el("label", "bk-checkbox");
+        const box = document.createElement("input");
+        box.type = "checkbox";
+        box.value = item.value;
+        box.checked = ticked.has(item.value);
+        row.appendChild(box);
+        row.appendChild(textObject(item.text, ctx));
+        control.appendChild(row);
+      }
     } else {
       control = el("div", "bk-unsupported", `[unsupported input: ${spec.type || "?"}]`);
     }

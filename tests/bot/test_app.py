@@ -14,26 +14,31 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from pydantic import BaseModel, Field
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import limits
 from bot import payloads as p
 from bot.app import INVALID_BUTTON, build_app, drain, handle_slack_request
-from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.delivery import Delivery
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
 from bot.render.common import binding_value, parse_binding
+from bot.render.edit import APPROVE_BLOCK, EDIT_CALLBACK
 from bot.render.modals import REASON_ACTION, REASON_BLOCK, REJECT_CALLBACK
 from bot.render.status import CANCEL_ACTION
 from bot.reviewers import Reviewers
 from engine import events as ev
+from engine.config_file import PolicyRule
 from engine.events import utcnow
 from engine.policy import arguments_hash
 from engine.reviewers import ReviewerRule
+from engine.rules import PolicySet
 from engine.store import Store, ThreadKey, store_for
 from tests.fakes import slack as fake
 from tests.fakes.slack import (
@@ -45,6 +50,7 @@ from tests.fakes.slack import (
     TOKEN,
     FakeSlack,
 )
+from tools import ToolContext, ToolRegistry, tool
 
 CHANNEL = "C0OPS00001"
 ANN = "U0ANN00001"  # the requester
@@ -98,6 +104,8 @@ async def served(
     *,
     reviewers: ReviewerRule | None = None,
     groups: Reviewers | None = None,
+    tools: ToolRegistry | None = None,
+    policy: PolicySet | None = None,
 ) -> AsyncIterator[Served]:
     kicks: list[str] = []
     bolt = build_app(
@@ -108,6 +116,8 @@ async def served(
         reviewers=reviewers or ReviewerRule(),
         kick=kicks.append,
         groups=groups,
+        tools=tools,
+        policy=policy,
     )
     app = web.Application()
 
@@ -777,6 +787,221 @@ async def test_a_refused_submission_shows_the_reason_in_the_modal(
     assert answer["errors"][REASON_BLOCK].startswith(f"Nothing changed: already approved by {BOB}")
     assert forged_status == 200
     assert json.loads(forged)["response_action"] == "errors"
+
+
+# --- edit before approve (issue 17 §2) ---------------------------------------------------
+
+CAROL = "U0CAROL001"
+STAGING = {"service": "api", "env": "staging"}
+
+
+class DeployArgs(BaseModel):
+    service: str
+    env: Literal["staging", "production"]
+    replicas: int = Field(1, ge=1)
+
+
+def deploy_tools() -> ToolRegistry:
+    tools = ToolRegistry()
+
+    @tool(policy="approve_before_run", registry=tools)
+    async def deploy(args: DeployArgs, ctx: ToolContext) -> dict:
+        """Deploy a service."""
+        return {}
+
+    return tools
+
+
+PRODUCTION_RULES = PolicySet(
+    rules=(
+        PolicyRule(
+            tool="deploy",
+            when={"properties": {"env": {"const": "production"}}, "required": ["env"]},
+            policy="approve_before_run",
+            approvers=[BOB, CAROL],
+            quorum=2,
+        ),
+        PolicyRule(tool="deploy", policy="approve_before_run"),
+    )
+)
+
+
+@asynccontextmanager
+async def editing(store: Store, slack: FakeSlack, **kw: Any) -> AsyncIterator[Served]:
+    async with served(store, slack, tools=deploy_tools(), policy=PRODUCTION_RULES, **kw) as s:
+        yield s
+
+
+async def open_edit(s: Served, value: str, user: str = BOB) -> dict[str, Any]:
+    """Click Edit on the card; the modal views.open was called with (its trigger id checked)."""
+    before = len(s.slack.calls_to("views.open"))
+    click = button(user, EDIT_ACTION, value)
+    assert (await s.send(click))[0] == 200
+    opened = await s.slack.wait_for("views.open", before + 1)
+    assert opened[-1].params["trigger_id"] == click["trigger_id"]
+    view = opened[-1].params["view"]
+    return json.loads(view) if isinstance(view, str) else view
+
+
+def filled(view: dict[str, Any], changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``view.state.values`` as Slack sends them for ``view`` left as it opened, but for
+    ``changes`` (block id: a text, an option's value, or True to tick the checkbox)."""
+    changes = changes or {}
+    values: dict[str, Any] = {}
+    for block in view["blocks"]:
+        if block["type"] != "input":
+            continue
+        element, bid = block["element"], block["block_id"]
+        given = changes.get(bid)
+        if element["type"] == "plain_text_input":
+            text = given if bid in changes else element.get("initial_value")
+            state = {"type": "plain_text_input", "value": text}
+        elif element["type"] == "static_select":
+            chosen = element.get("initial_option")
+            if bid in changes:
+                chosen = next(o for o in element["options"] if o["value"] == given)
+            state = {"type": "static_select", "selected_option": chosen}
+        else:
+            state = {"type": "checkboxes", "selected_options": element["options"] if given else []}
+        values[bid] = {element["action_id"]: state}
+    return values
+
+
+def cards_in(slack: FakeSlack) -> list[dict[str, Any]]:
+    """The bot's messages with buttons in a row: the approval cards, as Slack shows them."""
+    return [
+        m for m in slack.posted(CHANNEL) if any(b["type"] == "actions" for b in m.get("blocks", []))
+    ]
+
+
+def edit_submission(
+    view: dict[str, Any], values: dict[str, Any], *, user: str = BOB, view_id: str = "V0EDIT0001"
+) -> dict[str, Any]:
+    return fake.view_submission_payload(
+        user=user,
+        callback_id=view["callback_id"],
+        private_metadata=view["private_metadata"],
+        values=values,
+        view_id=view_id,
+        blocks=view["blocks"],
+    )
+
+
+async def test_edit_opens_the_arguments_modal_and_stores_nothing(
+    store: Store, slack: FakeSlack
+) -> None:
+    thread_id, value = await awaiting_approval(store, arguments=STAGING)
+    before = await types_of(store, thread_id)
+    async with editing(store, slack) as s:
+        view = await open_edit(s, value)
+    assert view["callback_id"] == EDIT_CALLBACK
+    assert parse_binding(view["private_metadata"]) == parse_binding(value)
+    inputs = {b["block_id"]: b["element"] for b in view["blocks"] if b["type"] == "input"}
+    assert inputs["arg:service"]["initial_value"] == "api"
+    assert inputs["arg:env"]["initial_option"]["value"] == '"staging"'
+    assert "initial_value" not in inputs["arg:replicas"]  # not set on the call
+    assert limits.check_limits(view) == []
+    assert await types_of(store, thread_id) == before
+    assert s.kicks == []
+
+
+async def test_an_edit_click_by_a_non_approver_is_refused_and_recorded(
+    store: Store, slack: FakeSlack
+) -> None:
+    thread_id, value = await awaiting_approval(store, arguments=STAGING)
+    async with editing(store, slack, reviewers=ReviewerRule(frozenset({BOB}))) as s:
+        assert (await s.send(button(EVE, EDIT_ACTION, value)))[0] == 200
+        await slack.wait_for("chat.postEphemeral")
+        await s.settle()
+    refused = (await events_of(store, thread_id))[-1]
+    assert isinstance(refused, ev.ApprovalRefused)
+    assert (refused.actor, refused.decision, refused.tool_call_id) == (EVE, "edit", "toolu_01")
+    assert ephemeral_texts(slack, EVE) == ["Nothing changed: you are not on the approvers list."]
+    assert slack.calls_to("views.open") == []
+    assert s.kicks == []
+
+
+async def test_a_bad_edit_keeps_the_modal_open_with_errors_and_stores_nothing(
+    store: Store, slack: FakeSlack
+) -> None:
+    thread_id, value = await awaiting_approval(store, arguments=STAGING)
+    before = await types_of(store, thread_id)
+    async with editing(store, slack) as s:
+        view = await open_edit(s, value)
+        unread = edit_submission(view, filled(view, {"arg:replicas": "three"}))
+        status, text = await s.send(unread)
+        refused = edit_submission(view, filled(view, {"arg:replicas": "0"}), view_id="V0EDIT0002")
+        schema_status, schema_text = await s.send(refused)
+    assert (status, json.loads(text)) == (
+        200,
+        {"response_action": "errors", "errors": {"arg:replicas": "Enter a whole number"}},
+    )
+    assert schema_status == 200
+    answer = json.loads(schema_text)
+    assert answer["response_action"] == "errors"
+    assert list(answer["errors"]) == ["arg:replicas"]
+    assert "greater than or equal to 1" in answer["errors"]["arg:replicas"]
+    assert await types_of(store, thread_id) == before
+    assert s.kicks == []
+
+
+async def test_an_edit_is_stored_the_rules_apply_again_and_the_card_shows_the_diff(
+    store: Store, slack: FakeSlack
+) -> None:
+    """staging → production: the production rule's two approvers now decide it; the
+    card is updated in place with the diff and bound to the new arguments."""
+    root = slack.add_message(CHANNEL, "deploy api to staging", user=ANN)["ts"]
+    thread_id, value = await awaiting_approval(store, arguments=STAGING, root=root)
+    client = AsyncWebClient(token=TOKEN, base_url=slack.url)
+    delivery = Delivery(store, client, owner="proc-a", retry_base=None)
+    assert await delivery.deliver(thread_id) == 2  # the status message and the card
+    [card] = cards_in(slack)
+    async with editing(store, slack) as s:
+        view = await open_edit(s, value)
+        production = edit_submission(view, filled(view, {"arg:env": '"production"'}))
+        assert await s.send(production) == (200, "")  # an empty ack closes the modal
+        edited = (await events_of(store, thread_id))[-1]
+        assert isinstance(edited, ev.ApprovalEdited)
+        assert (edited.reviewer, edited.arguments) == (BOB, {"service": "api", "env": "production"})
+        assert edited.previous_hash == parse_binding(value).arguments_hash
+        assert (edited.approvers, edited.quorum, edited.rule) == ((BOB, CAROL), 2, 0)
+        assert thread_id in s.kicks
+        assert await delivery.deliver(thread_id) >= 1
+        [updated] = cards_in(slack)
+        assert updated["ts"] == card["ts"]  # in place
+        blocks = updated["blocks"]
+        shown = json.dumps(blocks, ensure_ascii=False)
+        assert "env: staging → production" in shown
+        assert "rule 1: needs 2 of" in shown
+        [actions] = [b for b in blocks if b["type"] == "actions"]
+        new_value = actions["elements"][0]["value"]
+        assert parse_binding(new_value).arguments_hash == edited.arguments_hash
+        # The card as it was is stale: its click is refused and recorded.
+        assert (await s.send(button(CAROL, APPROVE_ACTION, value)))[0] == 200
+        await slack.wait_for("chat.postEphemeral")
+        await s.settle()
+    assert "out of date" in ephemeral_texts(slack, CAROL)[0]
+    assert (await types_of(store, thread_id))[-1] == "approval_refused"
+    state = await store.load(thread_id)
+    assert state.pending is not None and state.pending.votes == ()
+
+
+async def test_save_and_approve_stores_the_edit_and_the_editors_one_vote(
+    store: Store, slack: FakeSlack
+) -> None:
+    thread_id, value = await awaiting_approval(store, arguments=STAGING)
+    async with editing(store, slack) as s:
+        view = await open_edit(s, value)
+        changes = {"arg:env": '"production"', APPROVE_BLOCK: True}
+        submission = edit_submission(view, filled(view, changes))
+        assert await s.send(submission) == (200, "")
+        assert (await s.send(submission, retry=1))[0] == 200  # resent: stored once
+    kinds = await types_of(store, thread_id)
+    assert kinds[-2:] == ["approval_edited", "approval_granted"]
+    assert kinds.count("approval_edited") == 1
+    state = await store.load(thread_id)
+    assert state.status == "awaiting_approval"  # production needs CAROL too
+    assert state.pending is not None and state.pending.votes == (BOB,)
 
 
 # --- cancel -----------------------------------------------------------------------------

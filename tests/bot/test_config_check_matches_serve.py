@@ -83,8 +83,6 @@ TABLE = [
         "cannot import tool module 'no_such_tools_module'",
     ),
     # --- keys this release does not act on ---------------------------------------------
-    ("remind_after", rule("remind_after: 30m"), "policy[0].remind_after: is not supported"),
-    ("escalate_to", rule("escalate_to: [U0A1]"), "policy[0].escalate_to: is not supported"),
     ("max_grant", rule("max_grant: 1h"), "policy[0].max_grant: is not supported"),
     ("integrations", "integrations: {github: {}}\n", "integrations: is not supported"),
     # --- and the rest ------------------------------------------------------------------
@@ -98,6 +96,17 @@ TABLE = [
         VALID,
     ),
     ("rule", rule("quorum: 1, expires_in: 2h, channels: [C0OPS]"), VALID),
+    ("reminder", rule("remind_after: 30m, escalate_to: [U0A1, S0SRE, oncall:P1, C0OPS]"), VALID),
+    (
+        "reminder-after-expiry",
+        rule("expires_in: 1h, remind_after: 1h"),
+        "policy[0].remind_after: must be shorter than expires_in",
+    ),
+    (
+        "escalate-to-a-name",
+        rule("escalate_to: [bob]"),
+        "policy[0].escalate_to[0]: 'bob' is not someone to escalate to",
+    ),
     (
         "unlisted-host",
         http("a: {description: d, url: 'https://evil.example/'}"),

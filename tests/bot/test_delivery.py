@@ -23,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import outbox
 from bot.delivery import Delivery
 from bot.outbox import Outbound, pending_deliveries, render, shown_event
-from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
 from bot.render.reconcile import RETRY_ACTION
 from bot.render.status import CANCEL_ACTION, status_message
 from engine import events as ev
@@ -208,7 +208,8 @@ async def card_for(store: Store, slack: FakeSlack, delivery: Delivery) -> tuple[
     _, [card] = await status_and_lines(store, slack, tid)
     assert (await by_id(store, tid))[shown(card, tid)].type == "approval_requested"
     actions = [b for b in card["blocks"] if b["type"] == "actions"]
-    assert [e["action_id"] for e in actions[0]["elements"]] == [APPROVE_ACTION, REJECT_ACTION]
+    buttons = [e["action_id"] for e in actions[0]["elements"]]
+    assert buttons == [APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION]
     return tid, card, state.pending.tool_call_id
 
 
@@ -278,7 +279,7 @@ async def test_a_reply_while_the_card_waits_updates_the_card_in_place(store, sla
     )
     assert params["blocks"].index(note) < [b["type"] for b in params["blocks"]].index("actions")
     assert [e["action_id"] for b in params["blocks"] if b["type"] == "actions"
-            for e in b["elements"]] == [APPROVE_ACTION, REJECT_ACTION]  # fmt: skip
+            for e in b["elements"]] == [APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION]  # fmt: skip
     assert "thanks" not in json.dumps(params["blocks"])  # the first line only
     assert "wrote since" in params["text"]  # the notification text says it too
     assert len(slack.posted(CHANNEL)) == 2

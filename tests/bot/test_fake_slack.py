@@ -215,6 +215,44 @@ async def test_replies_of_a_reply_read_the_whole_thread(
     assert err.response["error"] == "channel_not_found"
 
 
+async def test_history_is_the_channels_top_level_newest_first_after_oldest(
+    slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    first = slack.add_message(CHANNEL, "first", user=HUMAN)
+    slack.add_message(CHANNEL, "a reply", thread_ts=first["ts"])
+    await client.chat_postMessage(channel=CHANNEL, text="second", metadata=METADATA)
+    slack.add_message(CHANNEL, "third", user=HUMAN)
+    plain = await client.conversations_history(channel=CHANNEL)
+    assert [m["text"] for m in plain["messages"]] == ["third", "second", "first"]
+    assert not any("metadata" in m for m in plain["messages"])
+    after = await client.conversations_history(
+        channel=CHANNEL, oldest=first["ts"], include_all_metadata=True, limit=1
+    )
+    assert [(m["text"], m.get("metadata")) for m in after["messages"]] == [("third", None)]
+    cursor = after["response_metadata"]["next_cursor"]
+    more = await client.conversations_history(
+        channel=CHANNEL, oldest=first["ts"], include_all_metadata=True, cursor=cursor
+    )
+    assert [(m["text"], m.get("metadata")) for m in more["messages"]] == [("second", METADATA)]
+    assert more["has_more"] is False
+
+
+async def test_a_permalink_of_a_reply_opens_its_thread(
+    slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    root = slack.add_message(CHANNEL, "root", user=HUMAN)
+    reply = slack.add_message(CHANNEL, "reply", thread_ts=root["ts"])
+    base = f"https://opsloop-test.slack.com/archives/{CHANNEL}/p"
+    answer = await client.chat_getPermalink(channel=CHANNEL, message_ts=root["ts"])
+    assert answer["permalink"] == base + root["ts"].replace(".", "")
+    answer = await client.chat_getPermalink(channel=CHANNEL, message_ts=reply["ts"])
+    assert answer["permalink"] == (
+        f"{base}{reply['ts'].replace('.', '')}?thread_ts={root['ts']}&cid={CHANNEL}"
+    )
+    err = await api_error(client.chat_getPermalink(channel=CHANNEL, message_ts="1.000009"))
+    assert err.response["error"] == "message_not_found"
+
+
 async def test_a_429_carries_retry_after_to_the_client(
     slack: FakeSlack, client: AsyncWebClient
 ) -> None:
@@ -469,6 +507,7 @@ NEEDED_SCOPES = {
     "chat.update": "chat:write",
     "chat.postEphemeral": "chat:write",
     "conversations.replies": {"channels:history", "groups:history", "im:history"},
+    "conversations.history": {"channels:history", "groups:history"},  # an escalation channel
     "users.info": "users:read",
     "usergroups.users.list": "usergroups:read",
     "app_mention": "app_mentions:read",

@@ -20,6 +20,26 @@ def button(**kw: Any) -> dict[str, Any]:
     }
 
 
+def option(value: str, text: str | None = None) -> dict[str, Any]:
+    return {"text": {"type": "plain_text", "text": text or value}, "value": value}
+
+
+def select(n: int, *, value: str | None = None, text: str | None = None) -> dict[str, Any]:
+    options = [option(value or f"v{i}", text) for i in range(n)]
+    return {"type": "static_select", "action_id": "s", "options": options}
+
+
+def modal_input(element: dict[str, Any], hint: str | None = None) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "type": "input",
+        "label": {"type": "plain_text", "text": "l"},
+        "element": element,
+    }
+    if hint is not None:
+        block["hint"] = {"type": "plain_text", "text": hint}
+    return {"type": "modal", "title": {"type": "plain_text", "text": "t"}, "blocks": [block]}
+
+
 def section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
@@ -106,6 +126,39 @@ def section(text: str) -> dict[str, Any]:
             "blocks[0].element.max_length: 3001, 1 to 3000",
         ),
         ([{"type": "video"}], "blocks[0]: block type 'video' is not checked here"),
+        (modal_input(select(101)), "blocks[0].element.options: 101, 1 to 100"),
+        (
+            modal_input(select(2, value="v" * 151)),
+            "blocks[0].element.options[0].value: 151 characters > 150",
+        ),
+        (
+            modal_input(select(2, text="t" * 76)),
+            "blocks[0].element.options[0].text.text: 76 characters > 75",
+        ),
+        (modal_input(select(2, value="same")), "blocks[0].element.options: duplicate value"),
+        (
+            modal_input(select(2) | {"initial_option": option("gone")}),
+            "blocks[0].element: an initial option is not one of its options",
+        ),
+        (
+            modal_input({"type": "checkboxes", "action_id": "c", "options": [option("o")] * 11}),
+            "blocks[0].element.options: 11, 1 to 10",
+        ),
+        (
+            modal_input(
+                {
+                    "type": "plain_text_input",
+                    "action_id": "v",
+                    "max_length": 5,
+                    "initial_value": "123456",
+                }
+            ),
+            "blocks[0].element.initial_value: not a string of at most 5 characters",
+        ),
+        (
+            modal_input({"type": "plain_text_input", "action_id": "v"}, hint="h" * 2001),
+            "blocks[0].hint.text: 2001 characters > 2000",
+        ),
     ],
 )
 def test_check_limits_names_each_violation(rendering: Any, problem: str) -> None:
@@ -114,7 +167,7 @@ def test_check_limits_names_each_violation(rendering: Any, problem: str) -> None
 
 def test_the_limits_live_in_bot_limits_and_the_moved_names_are_gone_from_the_renderers() -> None:
     names = [n for n in dir(limits) if n.startswith("MAX_")]
-    assert len(names) == 19
+    assert len(names) == 24
     moved = {
         "MAX_ACTIONS_ELEMENTS",
         "MAX_FIELDS",

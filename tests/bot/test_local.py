@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 
 from bot.local_mode import Local, start_local
-from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
+from bot.render.edit import APPROVE_BLOCK, EDIT_CALLBACK, VALUE_ACTION
 from bot.render.modals import REASON_ACTION, REASON_BLOCK, REJECT_CALLBACK
 from bot.runtime import bind
 from engine.config import load_settings
@@ -337,6 +338,45 @@ async def test_the_reject_modal_round_trip_carries_the_reason(start: Start) -> N
     rejected = next(e for e in events if e.type == "approval_rejected")
     assert (rejected.actor, rejected.reason) == (BOB, "not during the freeze")
     assert (await page.get("/ui/views", user=BOB))[1]["views"] == []
+
+
+async def test_the_edit_modal_round_trip_saves_approves_and_runs_the_edited_call(
+    start: Start,
+) -> None:
+    """Issue 17 §2 in local mode: the page opens the Edit modal (a text input, a select,
+    a checkbox) and submits it as Slack's client would; the ticket is filed as edited."""
+    page = await start([*FILE_A_TICKET[:1], say("Filed it.")])
+    root = (await page.say(ALICE, "@opsloop file a ticket"))["ts"]
+    card = card_of(await page.wait_thread(root, card_of))
+    assert card is not None
+    async with stream(page, BOB) as bobs:
+        assert (await page.click(BOB, card, EDIT_ACTION))["ok"] is True
+        opened = (await bobs.wait("view_opened"))["view"]
+        assert opened["callback_id"] == EDIT_CALLBACK
+        values = {
+            "arg:title": {VALUE_ACTION: "Flaky deploys on Fridays"},
+            "arg:priority": {VALUE_ACTION: '"high"'},
+            APPROVE_BLOCK: {VALUE_ACTION: ["approve"]},
+        }
+        bad = {**values, "arg:priority": {VALUE_ACTION: '"whenever"'}}
+        status, refused = await page.post(
+            f"/ui/views/{opened['id']}/submit", {"user": BOB, "values": bad}
+        )
+        assert status == 400 and "no option" in refused["error"]  # the page offers none such
+        status, answer = await page.post(
+            f"/ui/views/{opened['id']}/submit", {"user": BOB, "values": values}
+        )
+        assert (status, answer) == (200, {"ok": True, "closed": True})
+    thread = await page.wait_thread(root, lambda t: "Filed it." in texts(t))
+    decided = next(m for m in thread["replies"] if m["ts"] == card["ts"])
+    shown = json.dumps(decided["blocks"], ensure_ascii=False)
+    assert "title: Flaky deploys → Flaky deploys on Fridays" in shown
+    assert f"Approved by <@{BOB}>" in shown
+    events = await events_of(page, root)
+    edited = next(e for e in events if e.type == "approval_edited")
+    assert edited.arguments == {"title": "Flaky deploys on Fridays", "priority": "high"}
+    [result] = [e for e in events if e.type == "tool_result"]
+    assert result.ok
 
 
 async def test_a_modal_submitted_too_late_shows_the_apps_errors_and_stays_open(

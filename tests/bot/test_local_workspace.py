@@ -13,6 +13,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from bot.payloads import mention_text, message_kind
 from bot.render.approval import APPROVAL_BLOCK_PREFIX, APPROVE_ACTION, REJECT_ACTION, approval_card
+from bot.render.edit import APPROVE_BLOCK, edit_modal, read_edit
 from bot.render.modals import REASON_ACTION, REASON_BLOCK, REASON_MAX_LENGTH, reject_modal
 from localslack import slack_requests as sr
 from localslack.app_link import events_for
@@ -207,6 +208,34 @@ def test_a_modals_inputs_are_checked_like_slacks_client_does() -> None:
     assert "at most" in view_state(modal, too_long)[1][REASON_BLOCK]
     with pytest.raises(BadRequest, match="no input 'nope'"):
         view_state(modal, {"nope": {"x": "y"}})
+
+
+def test_a_modals_selects_and_checkboxes_come_back_as_slack_sends_them() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"env": {"enum": ["staging", "production"]}},
+        "required": ["env"],
+    }
+    modal = edit_modal(
+        thread_id="t",
+        tool_call_id="c",
+        arguments_hash="h",
+        tool_name="x",
+        schema=schema,
+        arguments={"env": "staging"},
+    )
+    assert modal is not None
+    given = {"arg:env": {"value": '"production"'}, APPROVE_BLOCK: {"value": ["approve"]}}
+    values, errors = view_state(modal, given)
+    assert errors == {}
+    assert values["arg:env"]["value"]["selected_option"]["value"] == '"production"'
+    assert values[APPROVE_BLOCK]["value"]["selected_options"][0]["value"] == "approve"
+    assert read_edit(schema, values).arguments == {"env": "production"}
+    values, errors = view_state(modal, {})
+    assert errors == {"arg:env": "Please complete this required field."}
+    assert values[APPROVE_BLOCK]["value"] == {"type": "checkboxes", "selected_options": []}
+    with pytest.raises(BadRequest, match="no option"):
+        view_state(modal, {"arg:env": {"value": '"moon"'}})
 
 
 # --- what Slack sends the app ----------------------------------------------------------------

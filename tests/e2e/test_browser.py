@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.render.approval import APPROVE_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
+from bot.render.edit import APPROVE_BLOCK
 from bot.render.reconcile import HAPPENED_ACTION
 from tests.bot.test_cli import _free_port
 from tests.bot.test_local_cli import Running, local_env, opsloop_local
@@ -170,6 +171,28 @@ def test_production_needs_bob_and_carol_and_the_card_counts_the_votes(page) -> N
     approve(page, pane)
     bot_says(pane, "Deployed api 1.4.2 to production")
     assert button(pane, APPROVE_ACTION).count() == 0
+
+
+def test_bob_edits_staging_to_production_which_then_needs_carol_too(page) -> None:
+    """Issue 17 §2: Edit opens the arguments modal; saving (and approving) re-applies the
+    rules, so production's quorum of two holds, and the call runs as edited."""
+    pane = ask(page, "deploy api version 1.4.2 to staging")
+    button(pane, APPROVE_ACTION).wait_for()
+    be(page, BOB)
+    button(pane, EDIT_ACTION).click()
+    modal = page.get_by_test_id("modal")
+    modal.wait_for()
+    field = modal.locator('[data-testid="modal-input"][data-block-id="arg:environment"]')
+    assert field.input_value() == '"staging"'
+    field.select_option('"production"')
+    modal.locator(f'[data-block-id="{APPROVE_BLOCK}"] input[type="checkbox"]').check()
+    modal.get_by_test_id("modal-submit").click()
+    modal.wait_for(state="hidden")
+    pane.get_by_text("environment: staging → production").wait_for()
+    pane.get_by_text("1 of 2: @bob").wait_for()  # production's rule: carol must approve too
+    be(page, CAROL)
+    approve(page, pane)
+    bot_says(pane, "Deployed api 1.4.2 to production")
 
 
 def test_a_crash_mid_call_asks_bob_what_happened_and_his_note_is_the_answer(page) -> None:

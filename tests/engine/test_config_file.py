@@ -58,8 +58,7 @@ def test_the_example_is_the_design_example_minus_the_keys_this_release_refuses()
 
 @pytest.mark.parametrize("key", LATER_RULE_KEYS)
 def test_rule_keys_nothing_acts_on_yet_are_not_supported(key):
-    value = "['U0A1']" if key == "escalate_to" else "1h"
-    assert error_of(f"policy: [{{tool: a, policy: approve_before_run, {key}: {value}}}]") == (
+    assert error_of(f"policy: [{{tool: a, policy: approve_before_run, {key}: 1h}}]") == (
         f"opsloop.yaml: policy[0].{key}: is not supported by this release"
     )
 
@@ -200,6 +199,32 @@ tools:
         (
             "policy: [{tool: a, policy: run_now, channels: [ops]}]",
             "opsloop.yaml: policy[0].channels[0]: 'ops' is not a channel id (C…, G… or D…)",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, escalate_to: [D0DM1]}]",
+            "opsloop.yaml: policy[0].escalate_to[0]: 'D0DM1' is not someone to escalate to:"
+            " use user ids (U…, W…), user-group ids (S…), oncall:<schedule or escalation"
+            " policy id> or a channel id (C…)",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, escalate_to: [C0A1, U0B2, C0C3]}]",
+            "opsloop.yaml: policy[0].escalate_to: may name one channel, not several",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, expires_in: 30m, remind_after: 1h}]",
+            "opsloop.yaml: policy[0].remind_after: must be shorter than expires_in: it would"
+            " never come",
+        ),
+        (
+            "approvals: {expires_in: 1h}\npolicy: [{tool: a, policy: run_now},"
+            " {tool: b, policy: approve_before_run, remind_after: 1h}]",
+            "opsloop.yaml: policy[1].remind_after: must be shorter than approvals.expires_in:"
+            " it would never come",
+        ),
+        (
+            "policy: [{tool: a, policy: approve_before_run, remind_after: 0s}]",
+            "opsloop.yaml: policy[0].remind_after: must be a duration such as 30s, 10m, 2h or"
+            " 1d, not '0s'",
         ),
         (
             "policy: [{tool: a, policy: approve_before_run, approvers: [U1A, U1A], quorum: 2}]",

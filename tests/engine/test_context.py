@@ -29,6 +29,7 @@ from tests.support.logs import (
     approval_pending,
     clarification_asked,
     decided,
+    edited,
     happy_path,
     legal_logs,
     requested,
@@ -102,6 +103,8 @@ def answers(e: ev.Event) -> bool:
         return e.policy == "reject"  # a rule refused it: answered at once
     if isinstance(e, ev.ReconcileDecided):
         return e.decision != "retry"  # a retry runs it again: still open
+    if isinstance(e, ev.ApprovalEdited):
+        return e.policy == "reject"  # the policy refuses the edited call: answered at once
     return e.type in ANSWERS_BY_ID
 
 
@@ -458,3 +461,47 @@ def test_every_type_the_model_sees_has_a_projection_branch_and_no_other_does() -
     seen = [c for c in ev.EVENT_CLASSES if c.facts.model and c is not ev.ContextCompacted]
     assert ev.missing_from(PROJECTIONS, seen) == []
     assert set(PROJECTIONS) == set(seen)
+
+
+def test_the_model_hears_who_changed_its_arguments_and_what_ran() -> None:
+    """Issue 17 §2: the tool_use keeps the model's arguments; the result says who
+    changed what before it ran, and with what it ran."""
+    pending = approval_pending("toolu_2")  # deploy(service=api, env=staging)
+    asked = pending[-1]
+    assert isinstance(asked, ev.ApprovalRequested)
+    first = edited("deploy", "toolu_2", asked.arguments_hash, service="api", env="production")
+    second = edited("deploy", "toolu_2", first.arguments_hash, service="web", env="production")
+    second = second.model_copy(update={"actor": OTHER, "reviewer": OTHER})
+    log = [
+        user(),
+        *pending,
+        first,
+        second,
+        ev.ApprovalGranted(actor=REVIEWER, tool_call_id="toolu_2"),
+        started("toolu_2"),
+        result("toolu_2", output={"deployed": "web"}),
+    ]
+    messages = project(log, TOOLS.all()).messages
+    [use] = [b for b in messages[1]["content"] if b["type"] == "tool_use"]
+    assert use["input"] == {"service": "api", "env": "staging"}  # as the model wrote it
+    [answer] = messages[-1]["content"]
+    assert answer["tool_use_id"] == "toolu_2" and "is_error" not in answer
+    assert answer["content"] == (
+        f"<@{REVIEWER}> changed env: staging → production; <@{OTHER}> changed service: api → "
+        'web before it was approved; it ran with {"env": "production", "service": "web"}.\n'
+        '{"deployed": "web"}'
+    )
+
+
+def test_an_edit_the_policy_refuses_answers_the_call() -> None:
+    pending = approval_pending("toolu_2")
+    asked = pending[-1]
+    assert isinstance(asked, ev.ApprovalRequested)
+    refused = edited("deploy", "toolu_2", asked.arguments_hash, "reject", env="prod-eu")
+    [answer] = project([user(), *pending, refused], TOOLS.all()).messages[-1]["content"]
+    assert answer["is_error"] is True
+    assert answer["content"] == (
+        f"<@{REVIEWER}> changed service: api → (unset); env: staging → prod-eu before anyone "
+        'approved it; its arguments were then {"env": "prod-eu"}.\n'
+        "Not run: the policy refuses the edited call: the policy refuses it"
+    )

@@ -51,6 +51,19 @@ SAMPLES: dict[str, ev.Event] = {
         ),
         ev.ApprovalExpired(tool_call_id="toolu_5"),
         ev.ApprovalWithdrawn(actor="U1", tool_call_id="toolu_5", reason="superseded"),
+        ev.ApprovalEdited(
+            actor="U2",
+            tool_call_id="toolu_5",
+            reviewer="U2",
+            arguments={"service": "api", "env": "production"},
+            arguments_hash="1" * 32,
+            previous_hash="0" * 32,
+            rule=2,
+            approvers=("S0SRE",),
+            quorum=2,
+            allow_self=False,
+        ),
+        ev.ApprovalReminded(tool_call_id="toolu_5"),
         ev.ToolStarted(tool_call_id="toolu_5", attempt=2),
         ev.ToolResult(
             actor="tool", tool_call_id="toolu_5", attempt=2, ok=True, output={"v": [1, "x"]}
@@ -220,6 +233,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "approval_rejected",
         "approval_refused",
         "approval_withdrawn",
+        "approval_edited",
         "reconcile_decided",
         "wait_finished",
     }
@@ -240,6 +254,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "approval_granted",
         "approval_expired",
         "approval_withdrawn",
+        "approval_edited",
         "wait_finished",
         "wait_timed_out",
         "decision_rejected",

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+from pydantic import BaseModel
 
 from engine import events as ev
+from engine.config_file import PolicyRule
 from engine.errors import ThreadNotFound
 from engine.inputs import (
     Accepted,
     Decidable,
     Decider,
+    Edit,
+    Invalid,
     Org,
     Refused,
     answer_clarification,
@@ -22,14 +26,17 @@ from engine.inputs import (
     check_reconcile,
     decide_approval,
     decide_reconcile,
+    edit_call,
     finish_wait,
     post_user_message,
 )
 from engine.policy import arguments_hash
 from engine.reviewers import ReviewerRule
+from engine.rules import PolicySet
 from engine.state import ThreadState
 from engine.store import Store, ThreadKey, open_store
 from tests.support.logs import answered, approval_pending, clarification_asked, waiting_on_job
+from tools import ToolContext, ToolRegistry, tool
 
 REQ = "U0REQUEST"
 BOSS = "U0BOSS"
@@ -722,3 +729,200 @@ async def test_someone_elses_message_leaves_the_card_standing(store: Store) -> N
     assert [n.actor for n in state.pending.said_since] == [BOSS]
     assert "approval_withdrawn" not in await types(store, tid)
     assert isinstance(await decide(store, tid), Accepted)  # the card still decides
+
+
+# --- an edit before approval (issue 17 §2) ------------------------------------------------
+
+CHIEF = "U0CHIEF"
+EVE = "U0EVE"
+
+
+class DeployArgs(BaseModel):
+    service: str
+    env: Literal["staging", "production", "prod-eu"]
+
+
+EDIT_TOOLS = ToolRegistry()
+
+
+@tool(policy="approve_before_run", registry=EDIT_TOOLS)
+async def deploy(args: DeployArgs, ctx: ToolContext) -> dict:
+    """Deploy a service."""
+    return {}
+
+
+def env_is(value: str) -> dict[str, Any]:
+    return {"properties": {"env": {"const": value}}, "required": ["env"]}
+
+
+RULES = PolicySet(
+    rules=(
+        PolicyRule(tool="deploy", when=env_is("prod-eu"), policy="reject", reason="by hand"),
+        PolicyRule(
+            tool="deploy",
+            when=env_is("production"),
+            policy="approve_before_run",
+            approvers=[BOSS, CHIEF],
+            quorum=2,
+        ),
+        PolicyRule(tool="deploy", policy="run_now"),
+    )
+)
+STAGING = RULES.decide(deploy, ARGS, "C1").reviewers  # rule 3: anyone, one vote
+PRODUCTION = {"service": "api", "env": "production"}
+
+
+async def ruled_call(store: Store, arguments: dict[str, Any] = ARGS) -> str:
+    """A thread whose call CALL waits for approval as the rules decided it."""
+    tid = await started_thread(store)
+    state = await store.load(tid)
+    rule = RULES.decide(deploy, arguments, "C1")
+    await store.append(
+        tid,
+        state.last_seq,
+        [
+            ev.ModelDecision(
+                actor="model", tool_name="deploy", tool_call_id=CALL, arguments=arguments
+            ),
+            ev.ToolCallRequested(
+                tool_call_id=CALL,
+                intent="deploy",
+                arguments=arguments,
+                policy="approve_before_run",
+                idempotency_key=f"{tid}:{CALL}",
+                reviewers=rule.reviewers,
+            ),
+            ev.ApprovalRequested(
+                tool_call_id=CALL,
+                arguments_hash=arguments_hash("deploy", arguments),
+                expires_at=ev.utcnow() + timedelta(hours=1),
+            ),
+        ],
+    )
+    return tid
+
+
+async def edit(
+    store: Store,
+    tid: str,
+    arguments: dict[str, Any],
+    *,
+    by: str = BOSS,
+    on: str = HASH,
+    approve: bool = False,
+    dedupe_key: str | None = None,
+) -> Accepted | Refused | Invalid:
+    change = Edit(tid, CALL, arguments, on, approve=approve, dedupe_key=dedupe_key)
+    return await edit_call(
+        store, change, decider=Decider(by), tools=EDIT_TOOLS, policies=RULES, reviewers=OPEN
+    )
+
+
+async def test_an_edit_to_production_needs_what_production_needs(store: Store) -> None:
+    tid = await ruled_call(store)
+    assert STAGING.quorum == 1 and not STAGING.approvers
+    done = await edit(store, tid, PRODUCTION, by=BOSS)
+    assert isinstance(done, Accepted)
+    edited = done.event
+    assert isinstance(edited, ev.ApprovalEdited)
+    assert (edited.reviewer, edited.arguments, edited.previous_hash) == (BOSS, PRODUCTION, HASH)
+    assert edited.arguments_hash == arguments_hash("deploy", PRODUCTION)
+    assert edited.reviewers == ReviewerRule(frozenset({BOSS, CHIEF}), 2, rule=1)
+    call = (await store.load(tid)).pending
+    assert call is not None and call.arguments == PRODUCTION and call.votes == ()
+    assert call.quorum == 2 and call.idempotency_key == f"{tid}:{CALL}"
+    # A click on the card as it was (the old hash) is refused: it is not this call.
+    stale = await decide_approval(
+        store, tid, tool_call_id=CALL, decider=Decider(CHIEF), decision="approve",
+        reviewers=OPEN, arguments_hash=HASH,
+    )  # fmt: skip
+    assert isinstance(stale, Refused) and "out of date" in stale.reason
+    # One vote is not enough now, and EVE (fine for staging) is no approver of it.
+    new = edited.arguments_hash
+    for who in (BOSS, EVE):
+        await decide_approval(
+            store, tid, tool_call_id=CALL, decider=Decider(who), decision="approve",
+            reviewers=OPEN, arguments_hash=new,
+        )  # fmt: skip
+    state = await store.load(tid)
+    assert state.status == "awaiting_approval" and state.pending is not None
+    assert state.pending.votes == (BOSS,)
+    assert (await types(store, tid))[-1] == "approval_refused"
+
+
+async def test_an_edit_never_lowers_what_the_call_needed(store: Store) -> None:
+    tid = await ruled_call(store, PRODUCTION)
+    done = await edit(store, tid, ARGS, by=CHIEF, on=arguments_hash("deploy", PRODUCTION))
+    assert isinstance(done, Accepted) and isinstance(done.event, ev.ApprovalEdited)
+    # Staging's rule (anyone, one vote, run_now) would be looser: production's stands.
+    assert done.event.reviewers == ReviewerRule(frozenset({BOSS, CHIEF}), 2, rule=1)
+    call = (await store.load(tid)).pending
+    assert call is not None and call.arguments == ARGS and call.quorum == 2
+    assert call.phase == "awaiting_approval"  # still needs its approvals, never run_now
+
+
+async def test_an_edit_the_policy_refuses_closes_the_call_with_the_reason(store: Store) -> None:
+    tid = await ruled_call(store)
+    done = await edit(store, tid, {"service": "api", "env": "prod-eu"}, approve=True)
+    assert isinstance(done, Accepted) and isinstance(done.event, ev.ApprovalEdited)
+    assert (done.event.policy, done.event.reason) == ("reject", "by hand")
+    state = await store.load(tid)
+    assert state.pending is None and state.status == "running"
+    assert (await types(store, tid))[-1] == "approval_edited"  # no vote on a closed call
+    late = await decide_approval(
+        store, tid, tool_call_id=CALL, decider=Decider(CHIEF), decision="approve",
+        reviewers=OPEN, arguments_hash=done.event.arguments_hash,
+    )  # fmt: skip
+    assert isinstance(late, Refused)
+    assert late.reason.startswith(f"refused by the policy after an edit by {BOSS} at ")
+
+
+async def test_arguments_the_schema_refuses_are_invalid_and_store_nothing(store: Store) -> None:
+    tid = await ruled_call(store)
+    before = await types(store, tid)
+    bad = await edit(store, tid, {"service": "api", "env": "moon"})
+    assert isinstance(bad, Invalid) and set(bad.errors) == {"env"}
+    missing = await edit(store, tid, {"env": "staging"}, approve=True)
+    assert isinstance(missing, Invalid) and set(missing.errors) == {"service"}
+    same = await edit(store, tid, ARGS)
+    assert isinstance(same, Invalid) and "already" in same.errors[""]
+    assert await types(store, tid) == before
+
+
+async def test_who_may_not_approve_may_not_edit_and_is_recorded(store: Store) -> None:
+    tid = await ruled_call(store, PRODUCTION)
+    for who in (EVE, REQ):
+        done = await edit(store, tid, ARGS, by=who, on=arguments_hash("deploy", PRODUCTION))
+        assert isinstance(done, Refused)
+        refused = done.event
+        assert isinstance(refused, ev.ApprovalRefused)
+        assert (refused.actor, refused.decision) == (who, "edit")
+    assert (await store.load(tid)).pending.arguments == PRODUCTION  # type: ignore[union-attr]
+
+
+async def test_save_and_approve_is_the_editors_one_vote_on_the_edited_call(store: Store) -> None:
+    tid = await ruled_call(store)
+    done = await edit(store, tid, PRODUCTION, approve=True, dedupe_key="view:V1")
+    assert isinstance(done, Accepted)
+    log = await store.select_events(tid)
+    assert [e.type for e in log[-2:]] == ["approval_edited", "approval_granted"]
+    assert (log[-1].actor, log[-2].dedupe_key) == (BOSS, "view:V1")
+    state = await store.load(tid)
+    assert state.status == "awaiting_approval"  # production needs a second person
+    assert state.pending is not None and state.pending.votes == (BOSS,)
+    again = await edit(store, tid, PRODUCTION, approve=True, dedupe_key="view:V1")
+    assert isinstance(again, Accepted) and again.deduplicated
+    assert len(await store.select_events(tid)) == len(log)
+
+
+async def test_save_and_approve_by_someone_the_edited_call_does_not_admit(store: Store) -> None:
+    """EVE may decide the staging call, so she may edit it; the production call it
+    becomes is not hers to approve: her vote is refused and recorded, nothing else."""
+    tid = await ruled_call(store)
+    before = await types(store, tid)
+    done = await edit(store, tid, PRODUCTION, by=EVE, approve=True, dedupe_key="view:V2")
+    assert isinstance(done, Refused) and "not on the approvers list" in done.reason
+    assert isinstance(done.event, ev.ApprovalRefused) and done.event.decision == "approve"
+    assert await types(store, tid) == [*before, "approval_refused"]
+    saved = await edit(store, tid, PRODUCTION, by=EVE, dedupe_key="view:V3")
+    assert isinstance(saved, Accepted) and saved.event.type == "approval_edited"

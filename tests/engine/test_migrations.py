@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlmodel import SQLModel
@@ -122,4 +123,39 @@ async def test_the_workers_revision_upgrades_a_database_a_newer_store_already_op
         await prepare(db_url, auto_migrate=False)
     before, after = await migrate(db_url)
     assert (before.revision, after.revision) == ("0002", HEAD)
+    assert await _schema_diff(db_url) == []
+
+
+async def _decisions_index(url: str) -> str | None:
+    """The decisions index's definition as the database holds it, or None."""
+    engine = create_engine(parse_database_url(url))
+    sql = (
+        # This test's schema only: other tests' schemas (xdist workers) hold the index too.
+        "SELECT indexdef FROM pg_indexes"
+        " WHERE indexname = 'ix_events_decisions' AND schemaname = current_schema()"
+        if engine.dialect.name == "postgresql"
+        else "SELECT sql FROM sqlite_master WHERE name = 'ix_events_decisions'"
+    )
+    try:
+        async with engine.connect() as conn:
+            return (await conn.execute(sa.text(sql))).scalar()
+    finally:
+        await engine.dispose()
+
+
+async def test_the_decisions_revision_builds_the_partial_index_even_if_a_store_made_it(
+    db_url: str,
+) -> None:
+    """0003 -> 0004 adds ``ix_events_decisions`` (only decision rows, by actor); a store of
+    this release opened on the 0003 database first (SQLite creates missing indexes) does
+    not make the migration fail."""
+    await migrate(db_url, "0003")
+    assert await _decisions_index(db_url) is None
+    store = await open_store(db_url)
+    await store.close()
+    before, after = await migrate(db_url)
+    assert (before.revision, after.revision) == ("0003", HEAD)
+    index = await _decisions_index(db_url)
+    assert index is not None and "(actor, created_at)" in index
+    assert "approval_granted" in index and "reconcile_decided" in index  # partial
     assert await _schema_diff(db_url) == []

@@ -12,7 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
-PURE = ["engine.events", "engine.state", "engine.policy", "engine.context", "engine.rules"]
+PURE = [
+    "engine.events",
+    "engine.state",
+    "engine.policy",
+    "engine.context",
+    "engine.rules",
+    "engine.audit",
+]
 FORBIDDEN = [
     "sqlalchemy",
     "sqlmodel",

@@ -141,3 +141,31 @@ def test_narrower_approvers_are_stricter_and_never_widen() -> None:
 def test_on_call_entries_are_known_as_such() -> None:
     assert ReviewerRule(frozenset({"oncall:PX1", "U0A"})).on_call
     assert not ReviewerRule(frozenset({"U0A", "S0B"})).on_call
+
+
+# --- after an edit (issue 17 §2) -----------------------------------------------------------
+
+
+DEV = ReviewerRule(frozenset({"S0DEV"}), rule=1)
+PROD = ReviewerRule(frozenset({"S0SRE"}), quorum=2, rule=0)
+
+
+def test_an_edit_into_what_another_group_approves_needs_that_group() -> None:
+    """staging (developers) edited to production (SRE, 2): production's rule holds in
+    full; developers approving it would be a way around the policy."""
+    from engine.edits import after_edit
+
+    assert after_edit(DEV, PROD) == PROD
+
+
+def test_an_edit_never_lowers_what_the_call_needed() -> None:
+    from engine.edits import after_edit
+
+    lowered = after_edit(PROD, DEV)  # production edited to staging
+    assert lowered.quorum == 2 and lowered.approvers == frozenset({"S0DEV"})
+    anyone = ReviewerRule(rule=2)
+    assert after_edit(PROD, anyone).approvers == frozenset({"S0SRE"})  # wider: kept
+    wider = ReviewerRule(frozenset({"S0SRE", "S0DEV"}), rule=3)
+    assert after_edit(PROD, wider) == ReviewerRule(frozenset({"S0SRE"}), quorum=2, rule=0)
+    selfish = ReviewerRule(frozenset({"S0SRE"}), quorum=2, allow_self=True, rule=4)
+    assert not after_edit(PROD, selfish).allow_self

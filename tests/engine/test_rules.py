@@ -91,6 +91,8 @@ def test_the_example_rule_keys_reach_the_decision():
         policy="approve_before_run",
         reviewers=ReviewerRule(frozenset({"S0SRE"}), quorum=2, rule=2),
         expires_in_s=7200.0,
+        remind_after_s=1800.0,
+        escalate_to=("oncall:PXXXXXX",),
     )
     restart = call(example_rules(), "restart_service", {"service": "web"}, source="http")
     assert (restart.reviewers.quorum, restart.expires_in_s) == (1, 86400.0)
@@ -153,8 +155,14 @@ def test_every_rule_key_is_carried():
         ({}, "idempotent", None),
         ({"idempotent": True}, "idempotent", True),
         ({}, "remind_after_s", None),
+        ({"remind_after": "30m"}, "remind_after_s", 1800.0),
         ({}, "max_grant_s", None),
         ({}, "escalate_to", ()),
+        (
+            {"escalate_to": ["S0SRE", "oncall:P1", "C0OPS", "S0SRE"]},
+            "escalate_to",
+            ("S0SRE", "oncall:P1", "C0OPS"),
+        ),
     ],
 )
 def test_a_rule_key_left_out_falls_back_to_the_defaults(rule, field, expected):

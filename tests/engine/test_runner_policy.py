@@ -5,17 +5,29 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import timedelta
+
+from pydantic import BaseModel
 
 from engine import events as ev
 from engine.config_file import PolicyRule
-from engine.inputs import Decider, decide_approval, decide_reconcile, finish_wait, post_user_message
+from engine.inputs import (
+    Decider,
+    Edit,
+    decide_approval,
+    decide_reconcile,
+    edit_call,
+    finish_wait,
+    post_user_message,
+)
 from engine.models.scripted import call, say
 from engine.reviewers import ReviewerRule
 from engine.rules import Defaults, PolicySet
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey
 from tests.support.demo_tools import make_ruled_tools
-from tests.support.fakes import RecordingModel
+from tests.support.fakes import FakeClock, RecordingModel
+from tools import ToolContext, ToolRegistry, tool
 
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
@@ -301,3 +313,138 @@ async def test_a_withdrawn_call_is_never_run_and_the_model_decides_again(store):
     prompt = json.dumps(model.prompts[-1].messages)
     assert "withdrawn before anyone decided" in prompt
     assert prompt.index("withdrawn before anyone decided") < prompt.index("no wait, web not api")
+
+
+REMINDING = PolicySet(
+    rules=(
+        PolicyRule(
+            tool="restart",
+            policy="approve_before_run",
+            approvers=[BOB],
+            expires_in="2h",
+            remind_after="30m",
+            escalate_to=["S0SRE", "C0ESCALATE"],
+        ),
+    ),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
+    policy_hash=HASH,
+)
+
+
+async def test_the_thread_wakes_at_the_reminder_once_then_expires(store):
+    """Issue 17 §3: the rule's reminder and escalation are recorded on the call; the
+    thread wakes at the reminder (approval_reminded, once, whichever process runs it),
+    then at the expiry, which never approves."""
+    clock = FakeClock()
+    effects: Counter = Counter()
+    model = RecordingModel([call("restart", name="api"), say("Nobody approved; not restarting.")])
+    tools = make_ruled_tools(effects)
+
+    def runner(policy: PolicySet = REMINDING) -> Runner:  # a new process each time
+        return Runner(store, model, tools, policy=policy, clock=clock)
+
+    tid = await start(store)
+    asked_at = clock()
+    assert (await runner().run(tid)).status == "awaiting_approval"
+    [req] = requested(await events(store, tid))
+    assert req.escalate_to == ("S0SRE", "C0ESCALATE")
+    [card] = [e for e in await events(store, tid) if isinstance(e, ev.ApprovalRequested)]
+    assert card.remind_at == asked_at + timedelta(minutes=30)
+    assert card.expires_at == asked_at + timedelta(hours=2)
+    assert (await store.get_thread(tid)).wake_at == card.remind_at
+    clock.advance(29 * 60)
+    assert await store.due_threads(clock()) == []
+    clock.advance(60)
+    assert await store.due_threads(clock()) == [tid]
+    # The policy file changed meanwhile: the pending call keeps its recorded timers.
+    assert (await runner(POLICY).run(tid)).status == "awaiting_approval"
+    assert (await store.get_thread(tid)).wake_at == card.expires_at
+    clock.advance(60)
+    assert (await runner().run(tid)).status == "awaiting_approval"  # as after a restart
+    types = [e.type for e in await events(store, tid)]
+    assert types.count("approval_reminded") == 1
+    assert await store.due_threads(clock()) == []
+    clock.advance(90 * 60)
+    assert await store.due_threads(clock()) == [tid]
+    assert (await runner().run(tid)).status == "idle"
+    types = [e.type for e in await events(store, tid)]
+    assert types.count("approval_reminded") == 1 and types.count("approval_expired") == 1
+    assert types.index("approval_reminded") < types.index("approval_expired")
+    assert effects["restart"] == 0
+    assert "Nobody approved this call in time." in json.dumps(model.prompts[-1].messages)
+
+
+async def test_a_reminder_is_not_recorded_for_a_rule_without_one(store):
+    model = RecordingModel([call("restart", name="api")])
+    tid = await start(store)
+    await Runner(store, model, make_ruled_tools(Counter()), policy=POLICY).run(tid)
+    [card] = [e for e in await events(store, tid) if isinstance(e, ev.ApprovalRequested)]
+    [req] = requested(await events(store, tid))
+    assert (card.remind_at, req.escalate_to) == (None, ())
+    assert (await store.get_thread(tid)).wake_at == card.expires_at
+
+
+# --- an edit before approval (issue 17 §2) ------------------------------------------------
+
+
+class Named(BaseModel):
+    name: str
+
+
+def recording_tools(ran: list[tuple[dict, str]]) -> ToolRegistry:
+    """A ``restart`` that records the arguments and the idempotency key it ran with."""
+    tools = ToolRegistry()
+
+    @tool(policy="approve_before_run", idempotent=False, registry=tools)
+    async def restart(args: Named, ctx: ToolContext) -> dict:
+        """Restart a service."""
+        ran.append((args.model_dump(), ctx.idempotency_key))
+        return {"restarted": args.name}
+
+    return tools
+
+
+async def edited_by(store: Store, tid: str, tools: ToolRegistry, who: str, **arguments: str):
+    call = (await store.load(tid)).pending
+    assert call is not None
+    change = Edit(tid, call.tool_call_id, arguments, call.arguments_hash, approve=True)
+    return await edit_call(
+        store, change, decider=Decider(who), tools=tools, policies=POLICY, reviewers=OPEN
+    )
+
+
+async def test_an_edited_call_runs_with_the_edited_arguments_only(store):
+    ran: list[tuple[dict, str]] = []
+    tools = recording_tools(ran)
+    model = RecordingModel([call("restart", name="api"), say("web restarted")])
+    runner = Runner(store, model, tools, policy=POLICY)
+    tid = await start(store)
+    assert (await runner.run(tid)).status == "awaiting_approval"
+    [req] = requested(await events(store, tid))
+    done = await edited_by(store, tid, tools, BOB, name="web")  # and BOB's vote
+    assert done.event.type == "approval_edited"  # type: ignore[union-attr]
+    assert (await runner.run(tid)).status == "awaiting_approval" and ran == []
+    await approve(store, tid, req.tool_call_id, CAROL)
+    assert (await runner.run(tid)).status == "idle"
+    assert ran == [({"name": "web"}, f"{tid}:{req.tool_call_id}")]  # the call's own key
+    prompt = model.last_prompt_text()
+    assert '"name": "api"' in prompt  # the model's tool_use, as it wrote it
+    assert (
+        f'<@{BOB}> changed name: api → web before it was approved; it ran with {{"name": "web"}}.'
+        in prompt
+    )
+
+
+async def test_an_edit_the_policy_refuses_never_runs_and_the_model_reads_why(store):
+    ran: list[tuple[dict, str]] = []
+    tools = recording_tools(ran)
+    model = RecordingModel([call("restart", name="api"), say("I will not")])
+    runner = Runner(store, model, tools, policy=POLICY)
+    tid = await start(store)
+    assert (await runner.run(tid)).status == "awaiting_approval"
+    await edited_by(store, tid, tools, CAROL, name="db")
+    assert (await runner.run(tid)).status == "idle" and ran == []
+    prompt = model.last_prompt_text()
+    assert "Not run: the policy refuses the edited call: the database is restarted by hand" in (
+        prompt
+    )

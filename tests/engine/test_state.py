@@ -26,6 +26,7 @@ from tests.support.logs import (
     at,
     clarification_asked,
     decided,
+    edited,
     happy_path,
     is_legal,
     legal_logs,
@@ -232,6 +233,65 @@ def test_awaiting_approval_then_granted() -> None:
     assert next_action(state, at(0)) == "execute_tool"
     with pytest.raises(IllegalTransition, match="no approval is awaited"):
         apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"))
+
+
+def reminded_card(remind: float = 30, expires: float = 120) -> list[ev.Event]:
+    """A card whose rule reminds the approvers at ``remind`` and expires at ``expires``."""
+    decision, call, _ = approval_pending("c2")
+    asked = approval_asked(
+        "c2", "deploy", at(expires), remind_at=at(remind), service="api", env="staging"
+    )
+    return [user(), decision, call, asked]
+
+
+def test_the_thread_wakes_to_remind_once_then_to_expire() -> None:
+    """Issue 17 §3: the reminder is a timer in the state, as the expiry is: the thread
+    wakes at it, the reminder is recorded once, and the thread then sleeps to the expiry."""
+    state = fold(reminded_card())
+    assert state.pending is not None and state.pending.remind_at == at(30)
+    assert state.wake_at == at(30)
+    assert next_action(state, at(29)) == "none"
+    assert next_action(state, at(30)) == "remind_approval"
+    state = apply(state, ev.ApprovalReminded(tool_call_id="c2"))
+    assert state.status == "awaiting_approval" and state.pending is not None
+    assert state.pending.reminded_at is not None
+    assert state.wake_at == at(120)
+    assert next_action(state, at(60)) == "none"
+    assert next_action(state, at(120)) == "expire_approval"
+    with pytest.raises(IllegalTransition, match="reminded already"):
+        apply(state, ev.ApprovalReminded(tool_call_id="c2"))
+    # Reminded or not, the call is approved as any other.
+    state = apply(state, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"))
+    assert state.pending is not None and state.pending.phase == "ready"
+
+
+def test_a_thread_woken_past_both_times_expires_without_a_reminder() -> None:
+    state = fold(reminded_card())
+    assert next_action(state, at(120)) == "expire_approval"
+    assert next_action(state, at(500)) == "expire_approval"
+
+
+def test_a_reminder_is_legal_only_for_a_waiting_card_with_one() -> None:
+    remind = ev.ApprovalReminded(tool_call_id="c2")
+    with pytest.raises(IllegalTransition, match="sets no reminder"):
+        apply(fold([user(), *approval_pending("c2")]), remind)
+    for after in (
+        ev.ApprovalGranted(actor=REVIEWER, tool_call_id="c2"),
+        ev.ApprovalRejected(actor=REVIEWER, tool_call_id="c2"),
+        ev.ApprovalExpired(tool_call_id="c2"),
+        ev.ApprovalWithdrawn(actor=REQUESTER, tool_call_id="c2", reason="superseded"),
+        ev.ThreadCancelled(actor=REQUESTER),
+    ):
+        state = fold(reminded_card(), [after])
+        assert not is_legal(state, remind), after.type
+    with pytest.raises(IllegalTransition, match="not pending"):
+        apply(fold(reminded_card()), ev.ApprovalReminded(tool_call_id="other"))
+
+
+def test_a_reminder_at_or_after_the_expiry_is_not_a_timer() -> None:
+    state = fold(reminded_card(remind=120, expires=120))
+    assert state.wake_at == at(120)
+    assert next_action(state, at(120)) == "expire_approval"
 
 
 @pytest.mark.parametrize(
@@ -743,3 +803,54 @@ def test_evolve_keeps_nested_models_by_identity() -> None:
     assert state.pending is not None
     after = evolve(state, {"decisions": 5})
     assert after.pending is state.pending and after.decisions == 5
+
+
+# --- an edit before approval (issue 17 §2) ------------------------------------------------
+
+
+def test_an_edit_gives_the_call_new_arguments_and_clears_the_votes() -> None:
+    state = fold(
+        [user()], restart_pending(), [ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1")]
+    )
+    assert state.pending is not None
+    before, key = state.pending.arguments_hash, state.pending.idempotency_key
+    edit = edited("restart", "r1", before, service="web")
+    after = apply(state, edit)
+    call = after.pending
+    assert after.status == "awaiting_approval" and call is not None
+    assert call.arguments == {"service": "web"}
+    assert call.arguments_hash == edit.arguments_hash != before
+    assert call.votes == ()  # the vote was for other arguments
+    assert call.quorum == 2 and call.reviewers == edit.reviewers  # the rule recorded with it
+    assert call.idempotency_key == key  # still the same call
+    # REVIEWER votes again (their vote was cleared), one of the two still needed.
+    voted = apply(after, ev.ApprovalGranted(actor=REVIEWER, tool_call_id="r1"))
+    assert voted.status == "awaiting_approval"
+    with pytest.raises(IllegalTransition, match="no longer has"):
+        apply(after, edited("restart", "r1", before, service="db"))
+
+
+def test_an_edit_without_a_rule_keeps_the_calls() -> None:
+    state = fold([user()], approval_pending("d1"))
+    assert state.pending is not None
+    edit = edited("deploy", "d1", state.pending.arguments_hash, service="api", env="production")
+    assert edit.reviewers is None
+    after = apply(state, edit)
+    assert after.pending is not None and after.pending.reviewers == state.pending.reviewers
+    assert after.pending.arguments == {"service": "api", "env": "production"}
+
+
+def test_an_edit_the_policy_refuses_closes_the_call() -> None:
+    state = fold([user()], restart_pending())
+    assert state.pending is not None
+    refused = apply(state, edited("restart", "r1", state.pending.arguments_hash, "reject", x=1))
+    assert refused.pending is None and refused.status == "running"
+    assert refused.setback is not None and refused.setback.kind == "rejected"
+    assert next_action(refused, at(1)) == "ask_model"
+
+
+def test_an_edit_needs_a_call_awaiting_approval() -> None:
+    state = fold(started_restart())
+    assert state.pending is not None
+    with pytest.raises(IllegalTransition):
+        apply(state, edited("restart", "r1", state.pending.arguments_hash, service="web"))

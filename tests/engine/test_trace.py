@@ -104,6 +104,24 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.ApprovalWithdrawn(**_env(13), tool_call_id=CALL, reason="superseded by a newer message"),
         f"withdrew {CALL}: superseded by a newer message",
     ),
+    "approval_edited": (
+        ev.ApprovalEdited(
+            **_env(13, "U2"),
+            tool_call_id=CALL,
+            reviewer="U2",
+            arguments={"env": "production"},
+            arguments_hash="1" * 32,
+            previous_hash="0" * 32,
+            rule=2,
+            approvers=("S0SRE",),
+            quorum=2,
+        ),
+        f'edited {CALL}: {{"env":"production"}} rule 2 quorum 2',
+    ),
+    "approval_reminded": (
+        ev.ApprovalReminded(**_env(13), tool_call_id=CALL),
+        f"reminded the approvers of {CALL}",
+    ),
     "tool_started": (
         ev.ToolStarted(**_env(14), tool_call_id=CALL, attempt=2),
         f"{CALL} attempt 2",

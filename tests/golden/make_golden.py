@@ -35,9 +35,11 @@ from engine.config_file import PolicyRule  # noqa: E402
 from engine.context import Prompt, project  # noqa: E402
 from engine.inputs import (  # noqa: E402
     Decider,
+    Edit,
     cancel,
     decide_approval,
     decide_reconcile,
+    edit_call,
     finish_wait,
     post_user_message,
 )
@@ -69,6 +71,21 @@ POLICY = PolicySet(
     ),
     defaults=Defaults(ReviewerRule(frozenset({BOB}))),
     policy_hash="9" * 64,
+)
+# A rule that reminds its approvers, and escalates an expiry to a channel (issue 17 §3).
+REMINDING = PolicySet(
+    rules=(
+        PolicyRule(
+            tool="deploy",
+            policy="approve_before_run",
+            approvers=[BOB],
+            expires_in="2h",
+            remind_after="30m",
+            escalate_to=[CAROL, "C0GOLDESC"],
+        ),
+    ),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
+    policy_hash="8" * 64,
 )
 
 
@@ -338,6 +355,52 @@ async def withdrawn(store: Store) -> Play:
     return p
 
 
+async def reminded(store: Store) -> Play:
+    """Nobody decides on a deploy: its approver is reminded after 30 minutes, its expiry
+    after two hours is escalated to a channel, and the model hears nobody approved."""
+    model = ScriptedModel(
+        [call("deploy", name="api"), say("Nobody approved the deploy; api was not deployed.")]
+    )
+    p = play(store, "1767000008.000100", model, "make_ruled_tools", policy=REMINDING)
+    await p.say("deploy api")
+    assert await p.run() == "awaiting_approval"
+    p.clock.advance(31 * 60)
+    assert await p.run() == "awaiting_approval"  # reminded
+    p.clock.advance(90 * 60)
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
+    return p
+
+
+async def edited(store: Store) -> Play:
+    """A reviewer edits a restart before approving it (api → web, one vote of the two its
+    rule needs); the second approver's vote runs it as edited, and the model hears who
+    changed what."""
+    model = ScriptedModel([call("restart", name="api"), say("web was restarted.")])
+    p = play(store, "1767000009.000100", model, "make_ruled_tools", policy=POLICY)
+    await p.say("restart api")
+    assert await p.run() == "awaiting_approval"
+    state = await store.load(p.thread_id)
+    assert state.pending is not None
+    change = Edit(
+        p.thread_id,
+        state.pending.tool_call_id,
+        {"name": "web"},
+        state.pending.arguments_hash,
+        approve=True,
+        dedupe_key=f"view-{state.last_seq}-{BOB}",
+    )
+    done = await edit_call(
+        store, change, decider=Decider(BOB), tools=p.runner.tools, policies=POLICY, reviewers=OPEN
+    )
+    assert done.event is not None and done.event.type == "approval_edited"  # type: ignore[union-attr]
+    assert await p.run() == "awaiting_approval"
+    await p.vote(CAROL)
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
+    return p
+
+
 THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "approvals": approvals,
     "clarified": clarified,
@@ -346,6 +409,8 @@ THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "compacted": compacted,
     "cancelled": cancelled,
     "withdrawn": withdrawn,
+    "reminded": reminded,
+    "edited": edited,
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -50,6 +50,7 @@ RULED: dict[str, dict[str, Any]] = {
         "quorum": 2,
         "allow_self": False,
         "idempotent": False,
+        "escalate_to": ("S0ONCALL", "C0ESCALATE"),  # its expiry is posted in a channel
     },
     "purge": {"rule": 1, "policy_hash": "b" * 64, "reason": "nothing is ever purged"},
 }
@@ -121,13 +122,44 @@ def reconciled(
     )
 
 
+def edited(
+    tool: str,
+    call_id: str,
+    previous_hash: str,
+    policy: Literal["approve_before_run", "reject"] = "approve_before_run",
+    **arguments: Any,
+) -> ev.ApprovalEdited:
+    """A reviewer's edit of the call awaiting approval; a ruled tool's records its rule
+    again (an edit records the rule its new arguments get)."""
+    rule = RULED.get(tool, {})
+    kept = ("rule", "approvers", "quorum", "allow_self")
+    reviewers = {k: rule[k] for k in kept} if "approvers" in rule else {}
+    return ev.ApprovalEdited(
+        actor=REVIEWER,
+        tool_call_id=call_id,
+        reviewer=REVIEWER,
+        arguments=arguments,
+        arguments_hash=arguments_hash(tool, arguments),
+        previous_hash=previous_hash,
+        policy=policy,
+        reason="the policy refuses it" if policy == "reject" else "",
+        **reviewers,
+    )
+
+
 def approval_asked(
-    call_id: str, tool: str, expires_at: datetime | None = None, **arguments: Any
+    call_id: str,
+    tool: str,
+    expires_at: datetime | None = None,
+    *,
+    remind_at: datetime | None = None,
+    **arguments: Any,
 ) -> ev.ApprovalRequested:
     return ev.ApprovalRequested(
         tool_call_id=call_id,
         arguments_hash=arguments_hash(tool, arguments),
         expires_at=expires_at or at(24 * 60),
+        remind_at=remind_at,
     )
 
 
@@ -342,13 +374,21 @@ class Simulator:
         if call is not None:
             cid = call.tool_call_id
             if call.phase == "requested":
-                out.append(approval_asked(cid, call.intent, at(n + 60), **call.arguments))
+                # The ruled tool's rule sets a reminder, as a policy file's may.
+                remind = at(n + 30) if call.intent in RULED else None
+                out.append(
+                    approval_asked(cid, call.intent, at(n + 60), remind_at=remind, **call.arguments)
+                )
             if call.phase == "awaiting_approval":
                 out += [
                     ev.ApprovalGranted(actor=REVIEWER, tool_call_id=cid),
                     ev.ApprovalGranted(actor=OTHER, tool_call_id=cid),
                     ev.ApprovalRejected(actor=REVIEWER, tool_call_id=cid, reason="not now"),
                     ev.ApprovalExpired(tool_call_id=cid),
+                    # Legal once, and only for a card with a reminder.
+                    ev.ApprovalReminded(tool_call_id=cid),
+                    edited(call.intent, cid, call.arguments_hash, target=f"edited {n}"),
+                    edited(call.intent, cid, call.arguments_hash, "reject", target="refused"),
                 ]
             if call.phase in ("ready", "retry_wait"):
                 out.append(started(cid, call.attempt + 1))

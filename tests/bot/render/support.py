@@ -13,8 +13,10 @@ from slack_sdk.models.blocks import Block as SdkBlock
 from slack_sdk.models.views import View as SdkView
 
 import bot.render
-from bot.render import approval, lines, modals, reconcile, status
+from bot.render import approval, audit, edit, home, lines, modals, reconcile, reminders, status
 from engine import events as ev
+from engine.audit import audit as audit_of
+from engine.edits import changes
 from engine.state import CallSetback, PendingCall, SaidSince, ThreadState, WaitInfo
 
 # Every rendering module: the purity and limits checks cover each one added later too.
@@ -29,7 +31,9 @@ REVIEWER = "U0REVIEW01"
 EVIL = "<!channel> <@U999> <https://evil.example|bank> & stuff"
 WEIRD = "Z̤͔ͧ̑̓ä͖̭̈̇ 👩‍👩‍👧‍👦 🇫🇷🇩🇪 \u202eevil\u202c \x00 ﷽ 𝕏 e\u0301 ```"
 DATE_TOKEN = r"<!date\^\d+\^\{date_short_pretty\} at \{time\}\|[0-9: -]+UTC>"
-OUR_TOKENS = re.compile(rf"<@(?:{REQUESTER}|{REVIEWER})>|<!subteam\^S0GROUP01>|{DATE_TOKEN}")
+OUR_TOKENS = re.compile(
+    rf"<@(?:{REQUESTER}|{REVIEWER})>|<!subteam\^S0GROUP01>|{DATE_TOKEN}|<#C0OPS00001>"
+)
 
 
 # --- builders -------------------------------------------------------------------------
@@ -192,6 +196,26 @@ def every_rendering(
             f"decided_card[rule, votes, {outcome}]",
             approval.decided_card(**ruled, outcome=outcome, by=REVIEWER, at=NOW, votes=votes),
         )
+    edits = edited_by(text) * 5  # more than a card lists
+    yield "approval_card[edited]", approval.approval_card(**ruled, edits=edits)
+    yield (
+        "decided_card[refused after an edit]",
+        approval.decided_card(
+            **ruled, outcome="refused", by=REVIEWER, at=NOW, decision_reason=text, edits=edits
+        ),
+    )
+    yield (
+        "edit_modal",
+        edit.edit_modal(
+            thread_id=THREAD,
+            tool_call_id=CALL_ID,
+            arguments_hash=HASH,
+            tool_name=intent,
+            schema=edit_schema(text),
+            arguments={"env": "staging", "replicas": 2, "opts": {"k": 1}, "on": True},
+        )
+        or {},
+    )
     unknown = outcome_unknown(text)
     recon = {"thread_id": THREAD, "requester": REQUESTER, "call": ruled["call"], "unknown": unknown}
     yield "reconcile_card", reconcile.reconcile_card(**recon, arguments_hash=HASH)
@@ -206,6 +230,156 @@ def every_rendering(
             thread_id=THREAD, tool_call_id=CALL_ID, arguments_hash=HASH, tool_name=intent
         ),
     )
+    yield from reminded(text, ruled["call"], votes)
+    calls = audit_of(audited_log(text, intent, args))
+    yield "audit_blocks", audit.audit_blocks(thread_id=THREAD, link=None, calls=calls)
+    yield "audit_blocks[empty]", audit.audit_blocks(thread_id=THREAD, link=None, calls=[])
+    yield "home_view[decided]", home.home_view(REVIEWER, [], [], decision_rows(text, intent))
+
+
+def reminded(
+    text: str, call: ev.ToolCallRequested, votes: approval.Votes
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """The reminded card, the reminder and the escalation (issue 17 §3), ``text`` in the
+    call and in a link Slack would never give (it is left out)."""
+    inputs = card_inputs(text) | {"call": call}
+    yield "approval_card[reminded]", approval.approval_card(**inputs, votes=votes, reminded_at=NOW)
+    timers = {"thread_id": THREAD, "call": call, "asked_at": NOW, "expires_at": LATER}
+    link = f"https://acme.slack.com/archives/C0OPS00001/p1?x={text}"
+    yield "reminder_reply", reminders.reminder_reply(**timers, votes=votes, card_link=link)
+    anyone = call.model_copy(update={"approvers": ()})
+    yield (
+        "reminder_reply[anyone]",
+        reminders.reminder_reply(**timers | {"call": anyone}, votes=approval.NO_VOTES),
+    )
+    people = (REVIEWER, "S0GROUP01", f"oncall:{text}")
+    for channel, refusal in (("", ""), ("C0OPS00001", ""), ("C0OPS00001", text)):
+        yield (
+            f"escalation_post[{channel or 'thread'}{', refused' if refusal else ''}]",
+            reminders.escalation_post(
+                **timers,
+                requester=REQUESTER,
+                escalate_to=(*people, channel) if channel else people,
+                votes=votes,
+                card_link=link,
+                channel=channel,
+                refusal=refusal,
+            ),
+        )
+
+
+def audited_log(text: str = EVIL, intent: str = "deploy", args: Any = None) -> list[ev.Event]:
+    """A thread's log with a call of every audited kind, ``text`` wherever text goes: a
+    quorum call (votes, a grant, refused clicks) that ran; a rejected, a withdrawn, an
+    expired one; one a rule refused; one whose outcome a person reconciled; one that
+    failed; one still open."""
+    args = {"x": text} if args is None else args
+    env = {"thread_id": THREAD}
+    log: list[ev.Event] = [ev.UserMessage(**env, actor=REQUESTER, text=text)]
+
+    def ask(call_id: str, **kw: Any) -> None:
+        log.extend(
+            [
+                requested(intent, args, tool_call_id=call_id, **kw),
+                ev.ApprovalRequested(
+                    **env, tool_call_id=call_id, arguments_hash=HASH, expires_at=LATER, reason=text
+                ),
+            ]
+        )
+
+    def then(*events: ev.Event) -> None:
+        log.extend(events)
+
+    ask("toolu_1", rule=2, approvers=(REVIEWER, "S0GROUP01", f"oncall:{text}"), quorum=3)
+    then(
+        ev.ApprovalGranted(**env, actor=REVIEWER, tool_call_id="toolu_1"),
+        ev.ApprovalRefused(
+            **env, actor=f"U{text}", tool_call_id="toolu_1", decision="approve", reason=text
+        ),
+        ev.ApprovalGranted(**env, actor=f"grant:{text}", tool_call_id="toolu_1"),
+        ev.ApprovalGranted(**env, actor=REQUESTER, tool_call_id="toolu_1"),
+        ev.ToolStarted(**env, tool_call_id="toolu_1", attempt=1),
+        ev.ToolResult(**env, tool_call_id="toolu_1", attempt=1, ok=True, output={"o": text}),
+    )
+    ask("toolu_2")
+    then(ev.ApprovalRejected(**env, actor=REVIEWER, tool_call_id="toolu_2", reason=text))
+    ask("toolu_3")
+    then(ev.ApprovalWithdrawn(**env, actor=REQUESTER, tool_call_id="toolu_3", reason=text))
+    ask("toolu_4")
+    then(ev.ApprovalExpired(**env, tool_call_id="toolu_4"))
+    then(requested(intent, args, tool_call_id="toolu_5", policy="reject", rule=1, reason=text))
+    ask("toolu_6", idempotent=False)
+    then(
+        ev.ApprovalGranted(**env, actor=REVIEWER, tool_call_id="toolu_6"),
+        ev.ToolStarted(**env, tool_call_id="toolu_6", attempt=1),
+        ev.ToolOutcomeUnknown(**env, tool_call_id="toolu_6", attempt=1, error=text),
+        ev.ReconcileDecided(
+            **env,
+            actor=REVIEWER,
+            tool_call_id="toolu_6",
+            decision="happened",
+            reviewer=REVIEWER,
+            note=text,
+        ),
+    )
+    ask("toolu_7")
+    then(
+        ev.ApprovalGranted(**env, actor=REVIEWER, tool_call_id="toolu_7"),
+        ev.ToolStarted(**env, tool_call_id="toolu_7", attempt=1),
+        ev.ToolResult(**env, tool_call_id="toolu_7", attempt=1, ok=False, error=text),
+    )
+    ask("toolu_8")
+    then(ev.ThreadCancelled(**env, actor=REQUESTER, reason=text))
+    ask("toolu_9")
+    then(
+        ev.ApprovalGranted(**env, actor=REVIEWER, tool_call_id="toolu_9"),
+        ev.ApprovalEdited(
+            **env,
+            actor=REVIEWER,
+            reviewer=REVIEWER,
+            tool_call_id="toolu_9",
+            arguments={text: text, "y": [text] * 3},
+            arguments_hash=HASH,
+            previous_hash=HASH,
+        ),
+        ev.ApprovalReminded(**env, tool_call_id="toolu_9"),
+    )
+    return log
+
+
+def decision_rows(text: str = EVIL, intent: str = "deploy") -> list[home.DecisionRow]:
+    """One Home "Decided by me" row of each kind, ``text`` as the tool and the channel."""
+    return [
+        home.DecisionRow(
+            decision=d, tool=intent, thread_id=THREAD, channel=c, root_ts="1.2", at=NOW
+        )
+        for d in (*home.DECISION_LABELS, text)
+        for c in ("C0OPS00001", text)
+    ]
+
+
+def edited_by(text: str = EVIL) -> tuple[approval.Edited, ...]:
+    """One edit changing, adding and removing arguments, ``text`` in names and values."""
+    before = {"env": text, "gone": 1, "n": 2}
+    after = {"env": f"{text}!", "n": 3, text[:300] or "t": [text] * 3}
+    return (approval.Edited(REVIEWER, NOW, tuple(changes(before, after)) * 4),)
+
+
+def edit_schema(text: str = EVIL) -> dict[str, Any]:
+    """A tool's arguments of every kind the edit modal knows, ``text`` in what it shows
+    (an argument's name and value are what the form edits: shown as they are)."""
+    return {
+        "type": "object",
+        "properties": {
+            "env": {"type": "string", "enum": ["staging", "production"], "description": text},
+            "replicas": {"type": "integer", "description": text},
+            "note": {"type": "string", "description": text},
+            "ratio": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "on": {"type": "boolean"},
+            "opts": {"type": "object"},
+        },
+        "required": ["env"],
+    }
 
 
 def ruled_call(text: str = EVIL, intent: str = "deploy", args: Any = None) -> ev.ToolCallRequested:

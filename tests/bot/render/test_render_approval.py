@@ -8,8 +8,9 @@ import pytest
 
 from bot import limits
 from bot import mrkdwn as md
-from bot.render.approval import Votes, approval_card, decided_card, rule_text
+from bot.render.approval import Edited, Votes, approval_card, decided_card, rule_text
 from bot.render.common import Binding, parse_binding
+from engine.edits import changes
 from tests.bot.render.support import (
     CALL_ID,
     EVIL,
@@ -58,12 +59,14 @@ def test_approval_card_structure() -> None:
     assert md.date(LATER) in expiry["elements"][0]["text"]
     assert f"`{CALL_ID}`" in expiry["elements"][0]["text"]
     assert actions["block_id"] == f"opsloop_approval:{CALL_ID}"
-    approve, reject = actions["elements"]
+    approve, edit, reject = actions["elements"]
     assert (approve["action_id"], approve["style"], approve["text"]["text"]) == (
         "opsloop_approve",
         "primary",
         "Approve",
     )
+    assert (edit["action_id"], edit["text"]["text"]) == ("opsloop_edit", "Edit")
+    assert "style" not in edit and "confirm" not in edit  # it opens the arguments modal
     assert (reject["action_id"], reject["style"], reject["text"]["text"]) == (
         "opsloop_reject",
         "danger",
@@ -72,7 +75,7 @@ def test_approval_card_structure() -> None:
     assert approve["confirm"]["confirm"]["text"] == "Approve"
     assert approve["confirm"]["title"]["text"] == "Run refund_customer?"
     assert "confirm" not in reject  # reject opens the reason modal instead
-    for button in (approve, reject):
+    for button in (approve, edit, reject):
         assert json.loads(button["value"]) == {"t": THREAD, "c": CALL_ID, "h": HASH}
         assert parse_binding(button["value"]) == Binding(THREAD, CALL_ID, HASH)
         assert " " not in button["value"]  # compact
@@ -191,3 +194,62 @@ def test_the_approved_quorum_card_names_every_approver() -> None:
         **inputs, outcome="rejected", by=carol, at=NOW, votes=Votes((REVIEWER,), 2)
     )
     assert f"(after approvals by <@{REVIEWER}>)" in rejected[-1]["text"]["text"]
+
+
+# --- edited before approval (issue 17 §2) -----------------------------------------------
+
+
+def edit(before: dict, after: dict, by: str = REVIEWER) -> Edited:
+    return Edited(by, NOW, tuple(changes(before, after)))
+
+
+def test_an_edited_card_shows_the_new_arguments_and_the_diff() -> None:
+    new_hash = "1e" * 16
+    call = requested("deploy", {"service": "api", "environment": "production"})
+    edits = [edit({"service": "api", "environment": "staging"}, call.arguments)]
+    blocks = approval_card(
+        **card_inputs() | {"call": call, "arguments_hash": new_hash}, edits=edits
+    )
+    text = all_text(blocks)
+    assert '"environment": "production"' in text  # the arguments shown are the new ones
+    [diff] = [b for b in blocks if "✏️" in b.get("text", {}).get("text", "")]
+    assert diff["text"]["text"] == (
+        f"✏️ Edited by <@{REVIEWER}> {md.date(NOW)}: environment: staging → production"
+    )
+    assert blocks.index(diff) == 3  # under the arguments, before the model's reason
+    for button in blocks[-1]["elements"]:
+        assert parse_binding(button["value"]).arguments_hash == new_hash
+    assert limits.check_limits(blocks) == []
+
+
+def test_the_diff_escapes_names_and_values_and_keeps_the_latest_edits() -> None:
+    many = [edit({"a": i}, {"a": i + 1, EVIL: EVIL}) for i in range(5)]
+    blocks = approval_card(**card_inputs(), edits=many)
+    [diff] = [b for b in blocks if "✏️" in b.get("text", {}).get("text", "")]
+    body = diff["text"]["text"]
+    assert body.startswith("✏️ 5 edits; the latest:\n")
+    assert body.count("✏️ Edited by") == 3 and "a: 4 → 5" in body and "a: 1 → 2" not in body
+    assert "(unset) → &lt;!channel&gt;" in body and "<!channel>" not in body
+    removed = edit({"force": True, "note": "x"}, {"note": "x"})
+    assert "force: true → (unset)" in all_text(approval_card(**card_inputs(), edits=[removed]))
+
+
+def test_a_card_the_policy_refuses_after_an_edit_says_so_and_keeps_the_diff() -> None:
+    inputs = card_inputs() | {"call": ruled_call("x", "deploy", {"environment": "prod-eu"})}
+    edits = [edit({"environment": "staging"}, {"environment": "prod-eu"})]
+    blocks = decided_card(
+        **inputs,
+        outcome="refused",
+        by=REVIEWER,
+        at=NOW,
+        decision_reason="Nothing deploys to prod-eu from chat.",
+        edits=edits,
+    )
+    assert blocks[0]["text"]["text"] == "Refused by the policy: deploy"
+    assert blocks[-1]["text"]["text"] == (
+        f"⛔ Refused by the policy {md.date(NOW)}, after <@{REVIEWER}>'s edit — "
+        "Nothing deploys to prod-eu from chat."
+    )
+    assert "environment: staging → prod-eu" in all_text(blocks)
+    assert all(blk["type"] != "actions" for blk in blocks)
+    assert limits.check_limits(blocks) == []

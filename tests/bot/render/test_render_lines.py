@@ -140,6 +140,8 @@ def test_shown_and_card_types_are_as_before_the_facts_replaced_the_tables() -> N
         "approval_rejected",
         "approval_expired",
         "approval_withdrawn",
+        "approval_reminded",
+        "approval_edited",
         "tool_outcome_unknown",
         "reconcile_decided",
     }

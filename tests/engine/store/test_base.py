@@ -839,3 +839,98 @@ async def test_a_reasked_approval_counts_from_its_latest_request(store: Store) -
     counts, oldest = await store.status_counts()
     assert counts == {"awaiting_approval": 1}
     assert oldest == at(10)
+
+
+# --- a person's decisions across threads (the App Home's "Decided by me") ---------------
+
+
+async def test_decisions_by_finds_a_persons_votes_rejections_and_reconciles_newest_first(
+    store: Store,
+) -> None:
+    other = "U0OTHER01"
+    approved = await thread_with(store, [user(), *approval_pending("toolu_a")], "1.0", now=at(0))
+    await store.append(
+        approved,
+        4,
+        [ev.ApprovalGranted(tool_call_id="toolu_a", actor=REVIEWER)],
+        now=at(1),
+    )
+    rejected = await thread_with(store, [user(), *approval_pending("toolu_b")], "2.0", now=at(0))
+    await store.append(
+        rejected,
+        4,
+        [ev.ApprovalRejected(tool_call_id="toolu_b", actor=REVIEWER, reason="no")],
+        now=at(3),
+    )
+    asked = approval_pending("toolu_a")
+    once = asked[1].model_copy(update={"idempotent": False})  # its outcome can be unknown
+    unknown = [
+        ev.ApprovalGranted(tool_call_id="toolu_a", actor=other),
+        ev.ToolStarted(tool_call_id="toolu_a", attempt=1),
+        ev.ToolOutcomeUnknown(tool_call_id="toolu_a", attempt=1),
+    ]
+    recon = await thread_with(store, [user(), asked[0], once, asked[2], *unknown], "3.0")
+    await store.append(
+        recon,
+        7,
+        [
+            ev.ReconcileDecided(
+                tool_call_id="toolu_a", decision="happened", reviewer=REVIEWER, actor=REVIEWER
+            )
+        ],
+        now=at(2),
+    )
+    # Someone else's vote, a grant's, and another team's thread: none of them are REVIEWER's.
+    granted = await thread_with(store, [user(), *approval_pending("toolu_g")], "4.0", now=at(0))
+    await store.append(
+        granted, 4, [ev.ApprovalGranted(tool_call_id="toolu_g", actor="grant:g1")], now=at(4)
+    )
+    elsewhere = await store.create_thread(key("5.0", team="T2"))
+    await store.append(elsewhere, 0, [user(), *approval_pending("toolu_x")], now=at(0))
+    await store.append(
+        elsewhere, 4, [ev.ApprovalGranted(tool_call_id="toolu_x", actor=REVIEWER)], now=at(5)
+    )
+
+    mine = await store.decisions_by(REVIEWER)
+    assert [(d.event.thread_id, d.event.type) for d in mine] == [
+        (elsewhere, "approval_granted"),
+        (rejected, "approval_rejected"),
+        (recon, "reconcile_decided"),
+        (approved, "approval_granted"),
+    ]
+    assert [d.tool for d in mine] == ["deploy"] * 4  # the decided call's tool
+    assert mine[1].thread == key("2.0") and mine[0].thread == key("5.0", team="T2")
+    assert isinstance(mine[1].event, ev.ApprovalRejected) and mine[1].event.reason == "no"
+    assert mine[1].event.created_at == at(3)
+    in_t1 = await store.decisions_by(REVIEWER, 2, team="T1")
+    assert [d.event.thread_id for d in in_t1] == [rejected, recon]
+    assert [d.event.thread_id for d in await store.decisions_by(other)] == [recon]
+    assert await store.decisions_by("U0NOBODY") == []
+
+
+async def test_decisions_by_reads_the_partial_index_not_the_events_table(
+    store: Store, db_url: str
+) -> None:
+    """The statement repeats the index's predicate, so the planner can use it: checked
+    with sequential scans priced out on PostgreSQL (on a table this small it would
+    rightly scan), and by SQLite's plan."""
+    if isinstance(store, PostgresStore):
+        from engine.store.postgres import DECISIONS_SQL
+
+        args = DECISIONS_SQL.args({"actor": REVIEWER, "team": None, "limit": 20})
+
+        async def plan(conn) -> list[str]:  # type: ignore[no-untyped-def]
+            await conn.execute("SET enable_seqscan = off")
+            try:
+                rows = await conn.fetch("EXPLAIN " + DECISIONS_SQL.text, *args)
+            finally:
+                await conn.execute("RESET enable_seqscan")
+            return [r[0] for r in rows]
+
+        lines = await store._run(plan)
+    else:
+        from engine.store.sqlite import DECISIONS_SQL as SQLITE_DECISIONS
+
+        rows = await store._fetch("EXPLAIN QUERY PLAN " + SQLITE_DECISIONS, REVIEWER, None, 20)  # type: ignore[attr-defined]
+        lines = [str(r["detail"]) for r in rows]
+    assert any("ix_events_decisions" in line for line in lines), lines
