@@ -53,14 +53,14 @@ from bot.render.approval import (
     approval_card,
     decided_card,
 )
-from bot.render.lines import event_line
+from bot.render.lines import event_line, granted_line
 from bot.render.reconcile import reconcile_card, reconciled_card
 from bot.render.reminders import escalation_channel, escalation_post, reminder_reply
 from bot.render.status import status_message
 from engine import events as ev
 from engine.edits import changes
 from engine.policy import arguments_hash
-from engine.state import ThreadState, apply
+from engine.state import GRANT_PREFIX, Grant, ThreadState, apply
 
 METADATA_TYPE = "opsloop_event"
 # The events that close an open approval card, and what the card then says.
@@ -127,6 +127,7 @@ class Outbound:
     channel: str = ""
     refusal: str = ""
     reminded_at: datetime | None = None
+    grant: Grant | None = None  # the standing grant that approved the call at once
 
 
 def pending_deliveries(
@@ -289,6 +290,12 @@ def _user_message(w: _Walk, e: ev.UserMessage, shown: list[str]) -> None:
 
 
 def _approval_granted(w: _Walk, e: ev.ApprovalGranted, shown: list[str]) -> None:
+    if e.actor.startswith(GRANT_PREFIX):  # approved at once, no card: a line says by whom
+        grant = w.before.grants.get(e.actor.removeprefix(GRANT_PREFIX))
+        call = w.calls.get(e.tool_call_id)
+        if not shown and grant is not None and call is not None:
+            w.out.append(Outbound("post", e, w.requester, call, people=w.people, grant=grant))
+        return
     if e.tool_call_id in w.cards and _awaits_votes(w.state, e.tool_call_id):
         w.still_open(e, e.tool_call_id, shown)  # a vote short of the quorum
     else:
@@ -475,6 +482,8 @@ def render(item: Outbound, card_link: str | None = None) -> list[Block]:
         return _open_card(item, e)
     if isinstance(e, ev.ApprovalReminded | ev.ApprovalExpired):
         return _about_card(item, e, card_link)
+    if item.grant is not None and item.call is not None:
+        return granted_line(item.call, item.grant.reviewer, item.grant.until)
     name = item.call.intent if item.call is not None else None
     return event_line(e, tool_name=name, requester=item.requester, people=item.people) or []
 

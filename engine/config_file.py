@@ -48,9 +48,9 @@ from tools.schemas import compile_schema, is_valid
 DEFAULT_PATH = "opsloop.yaml"
 RulePolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
 LATER_SECTIONS = ("integrations", "alerts")
-# Rule keys of DESIGN that nothing acts on yet (no grants): a file that sets one is
-# refused rather than promised something that never happens.
-LATER_RULE_KEYS = ("max_grant",)
+# Rule keys of DESIGN that nothing acts on yet: a file that sets one is refused rather
+# than promised something that never happens (none left in this release).
+LATER_RULE_KEYS: tuple[str, ...] = ()
 
 MAX_QUORUM = 50
 MAX_RULES = 1000
@@ -142,6 +142,8 @@ class PolicyRule(_Model):
     # an expiry is posted to (people and groups mentioned in the thread, or a channel).
     remind_after: Duration | None = None
     escalate_to: list[EscalationTarget] | None = None
+    # The longest standing grant ("Approve for 1 h") an approval may create; none: no grants.
+    max_grant: Duration | None = None
     channels: list[Channel] | None = None
     idempotent: bool | None = None
     trust_hints: bool | None = None

@@ -201,7 +201,8 @@ class ToolCallRequested(Event):
     (and its approval) was made for. ``idempotent``: a call interrupted after it
     started may simply run again; otherwise a person says whether it happened.
     ``escalate_to``: the rule's people, groups or channel told when its approval expires
-    (recorded, so a changed policy file does not change a pending call).
+    (recorded, so a changed policy file does not change a pending call). ``max_grant_s``:
+    the longest standing grant its approval may create (None: none), recorded alike.
     """
 
     type: Literal["tool_call_requested"] = "tool_call_requested"
@@ -220,6 +221,7 @@ class ToolCallRequested(Event):
     quorum: int = Field(default=1, ge=1)
     allow_self: bool | None = None
     escalate_to: tuple[str, ...] = ()
+    max_grant_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -352,6 +354,33 @@ class ApprovalReminded(Event):
     type: Literal["approval_reminded"] = "approval_reminded"
     facts = Facts(input=False, people="card", model=False, summary="omitted")
     tool_call_id: str
+
+
+class GrantCreated(Event):
+    """A reviewer's standing grant ("Approve for 1 h"), created with their vote: until
+    ``until``, a later call of ``tool`` whose arguments satisfy ``arguments_schema`` and
+    whose rule has quorum 1 and allows grants is approved at once in ``scope`` ("thread":
+    the thread it is stored in). The actor is the reviewer too."""
+
+    type: Literal["grant_created"] = "grant_created"
+    # Not shown of its own: the card its vote closes, and the lines of the calls it
+    # approves, show it.
+    facts = Facts(input=True, people="nothing", model=False, summary="omitted")
+    grant_id: str
+    tool: str
+    arguments_schema: JsonDict
+    scope: Literal["thread"] = "thread"
+    until: AwareDatetime
+    reviewer: str
+    tool_call_id: str = ""  # the call whose approval created it
+
+
+class GrantRevoked(Event):
+    """The grant ``grant_id`` approves nothing from now on (the actor revoked it)."""
+
+    type: Literal["grant_revoked"] = "grant_revoked"
+    facts = Facts(input=True, people="nothing", model=False, summary="omitted")
+    grant_id: str
 
 
 class ApprovalExpired(Event):
@@ -500,6 +529,8 @@ AnyEvent = Annotated[
     | ApprovalEdited
     | ApprovalWithdrawn
     | ApprovalReminded
+    | GrantCreated
+    | GrantRevoked
     | ApprovalExpired
     | ToolStarted
     | ToolResult

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -23,6 +23,7 @@ from engine import events as ev
 from engine.edits import GENERAL, after_edit, field_errors
 from engine.errors import ThreadNotFound
 from engine.events import utcnow
+from engine.grants import exact_schema, grant_seconds, new_grant_id
 from engine.policy import Registry, ToolLike
 from engine.policy import arguments_hash as call_hash
 from engine.retrying import retrying
@@ -304,13 +305,17 @@ async def decide_approval(
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
+    grant: bool = False,
 ) -> Accepted | Refused:
     """Vote on (approve) or reject the pending call ``tool_call_id``; ``reviewers`` is
     the process's rule, for calls that record none.
 
     Each approval is one vote; the call runs once its quorum is met. Refused (with an
     ``approval_refused`` event for the audit) when :func:`may_decide` says so. A
-    redelivered click (same ``dedupe_key``) is a no-op.
+    redelivered click (same ``dedupe_key``) is a no-op. ``grant`` ("Approve for 1 h"):
+    the vote also creates a standing grant for these exact arguments in this thread
+    (``grant_created``, same transaction), for an hour or the rule's ``max_grant`` if
+    shorter; only on a call whose rule allows grants and needs one vote.
     """
     request = DecisionRequest(
         thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key, now
@@ -323,6 +328,8 @@ async def decide_approval(
         if refused is not None:
             return refused
         event: ev.Event
+        if decision == "approve" and grant:
+            return await _grant(store, state, request)
         if decision == "approve":
             event = ev.ApprovalGranted(
                 actor=decider.user, tool_call_id=tool_call_id, dedupe_key=dedupe_key
@@ -334,6 +341,90 @@ async def decide_approval(
         return await _append_one(store, thread_id, state, event)
 
     return await retrying(once)
+
+
+async def _grant(store: Store, state: ThreadState, request: DecisionRequest) -> Accepted | Refused:
+    """The vote and the standing grant it creates, in one append (``may_decide`` said
+    yes to the vote)."""
+    call = state.pending
+    assert call is not None  # may_decide
+    if not call.grants_allowed or call.max_grant_s is None:
+        why = "this call's rule allows no standing grants"
+        return await _refuse(store, state, request, why)
+    user = request.decider.user
+    until = (request.now or utcnow()) + timedelta(seconds=grant_seconds(call.max_grant_s))
+    vote = ev.ApprovalGranted(
+        actor=user, tool_call_id=call.tool_call_id, dedupe_key=request.dedupe_key
+    )
+    created = ev.GrantCreated(
+        actor=user,
+        grant_id=new_grant_id(),
+        tool=call.intent,
+        arguments_schema=exact_schema(call.arguments),
+        until=until,
+        reviewer=user,
+        tool_call_id=call.tool_call_id,
+    )
+    done = await store.append(
+        state.thread_id, state.last_seq, [vote, created], state=state, now=request.now
+    )
+    return Accepted(state.thread_id, done.events[0], done.deduplicated)
+
+
+async def revoke_grant(
+    store: Store,
+    thread_id: str,
+    *,
+    grant_id: str,
+    decider: Decider,
+    reviewers: ReviewerRule,
+    dedupe_key: str | None = None,
+) -> Accepted | Refused:
+    """Revoke a live grant (``grant_revoked``): by the reviewer who created it, or by an
+    approver of the rule of the call it was created on (``reviewers`` when none is
+    recorded). Refused, storing nothing, when it is not live or they may not."""
+
+    async def once() -> Accepted | Refused:
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen
+        state = await store.load(thread_id)
+        grant = state.grants.get(grant_id)
+        if grant is None:
+            return Refused(thread_id, "that grant was revoked already")
+        if (why := await why_not_same_org(store, thread_id, decider.org)) is not None:
+            return Refused(thread_id, why)
+        if decider.user != grant.reviewer:
+            rule = await _grant_rule(store, thread_id, grant_id, reviewers)
+            if not rule.is_approver(decider.user, await _groups_for(decider, rule)):
+                return Refused(
+                    thread_id, "only the reviewer who created it or an approver of its rule can"
+                )
+        revoked = ev.GrantRevoked(actor=decider.user, grant_id=grant_id, dedupe_key=dedupe_key)
+        return await _append_one(store, thread_id, state, revoked)
+
+    return await retrying(once)
+
+
+async def _grant_rule(
+    store: Store, thread_id: str, grant_id: str, default: ReviewerRule
+) -> ReviewerRule:
+    """The reviewer rule of the call whose approval created ``grant_id``."""
+    events = await store.select_events(thread_id)
+    created = next(
+        (e for e in events if isinstance(e, ev.GrantCreated) and e.grant_id == grant_id), None
+    )
+    call = next(
+        (
+            e
+            for e in events
+            if isinstance(e, ev.ToolCallRequested)
+            and created is not None
+            and e.tool_call_id == created.tool_call_id
+        ),
+        None,
+    )
+    rule = call.reviewers if call is not None else None
+    return rule if rule is not None else default
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,7 @@ def _from_rule(
         expires_in_s=rule.expires_in or defaults.expires_in_s,
         remind_after_s=rule.remind_after,
         escalate_to=tuple(dict.fromkeys(rule.escalate_to or ())),
+        max_grant_s=rule.max_grant,
         idempotent=idempotent,
         trust_hints=bool(rule.trust_hints),
     )

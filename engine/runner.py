@@ -34,13 +34,21 @@ from engine import metrics
 from engine.config import RunnerConfig
 from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
+from engine.grants import covering_grant
 from engine.leases import Lease
 from engine.logs import bind
 from engine.models.base import Decision, Model, ModelError
 from engine.policy import Verdict, arguments_hash, classify
 from engine.retrying import retrying
 from engine.rules import PolicySet, RuleDecision
-from engine.state import WAITING_POLICIES, PendingCall, ThreadState, next_action, reduce
+from engine.state import (
+    GRANT_PREFIX,
+    WAITING_POLICIES,
+    PendingCall,
+    ThreadState,
+    next_action,
+    reduce,
+)
 from engine.store import Store
 from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
 from tools.errors import OutcomeUnknown, ToolError
@@ -337,15 +345,37 @@ class _Turn:
             )
         else:
             assert use is not None
-            batch.append(self._requested(use.id, use.name, use.input, verdict))
+            requested = self._requested(use.id, use.name, use.input, verdict)
+            batch.append(requested)
             if verdict.kind == "approve_before_run":
-                batch.append(self._approval(use.id, use.name, use.input, decision, verdict))
+                batch.append(self._approval_or_grant(requested, decision, verdict))
             elif verdict.kind != "refuse":
                 # The intent commits with the decision: one transaction, not two.
                 batch.append(ev.ToolStarted(tool_call_id=use.id, attempt=1))
         await self._append(batch)
         if self.state.pending is not None and self.state.pending.phase == "started":
             await self._invoke(self.state.pending)
+
+    def _approval_or_grant(
+        self, requested: ev.ToolCallRequested, decision: Decision, verdict: Verdict
+    ) -> ev.Event:
+        """The card, or the approval of a live standing grant of the thread that covers
+        the call (same tool, matching arguments, a rule with quorum 1 allowing grants)."""
+        grant = covering_grant(
+            self.state,
+            requested.intent,
+            requested.arguments,
+            max_grant_s=requested.max_grant_s,
+            quorum=requested.quorum,
+            now=self.r.clock(),
+        )
+        if grant is not None:
+            return ev.ApprovalGranted(
+                actor=f"{GRANT_PREFIX}{grant.grant_id}", tool_call_id=requested.tool_call_id
+            )
+        return self._approval(
+            requested.tool_call_id, requested.intent, requested.arguments, decision, verdict
+        )
 
     def _approval(
         self,
@@ -382,7 +412,11 @@ class _Turn:
         reviewers: dict[str, Any] = {}
         if rule is not None:
             idempotent = idempotent if rule.idempotent is None else rule.idempotent
-            reviewers = {"reviewers": rule.reviewers, "escalate_to": rule.escalate_to}
+            reviewers = {
+                "reviewers": rule.reviewers,
+                "escalate_to": rule.escalate_to,
+                "max_grant_s": rule.max_grant_s,
+            }
         return ev.ToolCallRequested(
             tool_call_id=call_id,
             intent=name,

@@ -11,7 +11,7 @@ Pure: no I/O here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
@@ -99,6 +99,24 @@ class CallSetback(_Frozen):
     intent: str
 
 
+class Grant(_Frozen):
+    """A live standing grant of the thread (``grant_created``; gone once revoked)."""
+
+    grant_id: str
+    tool: str
+    arguments_schema: dict[str, Any]
+    until: AwareDatetime
+    reviewer: str
+
+    def live(self, now: datetime) -> bool:
+        """Expiry is just ``until`` passing: no job, no event."""
+        return now < self.until
+
+
+GRANTS_KEPT_AFTER = timedelta(days=1)
+GRANT_PREFIX = "grant:"  # the actor of an approval a grant gave: grant:<grant_id>
+
+
 class PendingCall(_Frozen):
     """The one tool call in flight: from request to its result."""
 
@@ -126,6 +144,7 @@ class PendingCall(_Frozen):
     idempotent: bool = True
     definition_hash: str | None = None
     rule: int | None = None
+    max_grant_s: float | None = None  # the longest grant its approval may create
     started_at: AwareDatetime | None = None  # when the latest attempt started
     # Why the outcome is unknown (phase "unknown"), as tool_outcome_unknown said.
     unknown_error: str = ""
@@ -159,6 +178,12 @@ class PendingCall(_Frozen):
         return expires
 
     @property
+    def grants_allowed(self) -> bool:
+        """May its approval create a standing grant, and a grant approve it? Only when
+        its rule sets max_grant and one vote decides it."""
+        return self.max_grant_s is not None and self.quorum == 1
+
+    @property
     def counted_votes(self) -> int:
         """Distinct votes that count toward the quorum (the requester's only with
         allow_self, which the reducer checks as each vote arrives)."""
@@ -190,6 +215,9 @@ class ThreadState(_Frozen):
     # error result); cleared by a call that succeeds and by a new message. It says
     # whether an answered thread got what it asked for.
     setback: CallSetback | None = None
+    # The thread's standing grants not revoked, by id (expired ones are dropped as new
+    # ones come, so this stays small).
+    grants: dict[str, Grant] = {}
 
     @property
     def wake_at(self) -> datetime | None:
@@ -358,6 +386,7 @@ def _tool_call_requested(s: ThreadState, e: ev.ToolCallRequested) -> dict[str, A
         idempotent=e.idempotent,
         definition_hash=e.definition_hash,
         rule=e.rule,
+        max_grant_s=e.max_grant_s,
     )
     return {"open_decision": None, "pending": call, "consecutive_rejections": 0}
 
@@ -378,7 +407,11 @@ def _approval_requested(s: ThreadState, e: ev.ApprovalRequested) -> dict[str, An
 
 
 def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
-    """One reviewer's vote; the call is ready once ``quorum`` distinct people voted."""
+    """One reviewer's vote; the call is ready once ``quorum`` distinct people voted. A
+    live grant (actor ``grant:<id>``) approves a call that allows grants at once, in
+    place of its card."""
+    if e.actor.startswith(GRANT_PREFIX):
+        return _granted_by_grant(s, e)
     _require(s.status == "awaiting_approval", e, s, "no approval is awaited")
     call = _pending(s, e, e.tool_call_id, "awaiting_approval")
     _require(e.actor not in call.votes, e, s, f"{e.actor} already approved this call")
@@ -393,6 +426,37 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
     if voted.counted_votes < call.quorum:
         return {"pending": voted}
     return {"pending": evolve(voted, {"phase": "ready"}), "status": "running"}
+
+
+def _granted_by_grant(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
+    call = _pending(s, e, e.tool_call_id, "requested")
+    grant = s.grants.get(e.actor.removeprefix(GRANT_PREFIX))
+    _require(grant is not None, e, s, f"{e.actor} is not a grant of this thread")
+    assert grant is not None
+    # Whether it is still live is the runner's to say, at decision time, by its clock.
+    _require(grant.tool == call.intent, e, s, f"{e.actor} is for {grant.tool}")
+    _require(call.grants_allowed, e, s, "the call's rule allows no grants")
+    ready = evolve(call, {"phase": "ready", "votes": (e.actor,)})
+    return {"pending": ready, "status": "running"}
+
+
+def _grant_created(s: ThreadState, e: ev.GrantCreated) -> dict[str, Any]:
+    grant = Grant(
+        grant_id=e.grant_id,
+        tool=e.tool,
+        arguments_schema=e.arguments_schema,
+        until=e.until,
+        reviewer=e.reviewer,
+    )
+    _require(e.grant_id not in s.grants, e, s, f"grant {e.grant_id!r} exists")
+    # Long-expired grants go (a day's slack: the runner's clock decides liveness).
+    live = {k: g for k, g in s.grants.items() if g.until > e.created_at - GRANTS_KEPT_AFTER}
+    return {"grants": {**live, e.grant_id: grant}}
+
+
+def _grant_revoked(s: ThreadState, e: ev.GrantRevoked) -> dict[str, Any]:
+    _require(e.grant_id in s.grants, e, s, f"grant {e.grant_id!r} is not live")
+    return {"grants": {k: g for k, g in s.grants.items() if k != e.grant_id}}
 
 
 def _approval_reminded(s: ThreadState, e: ev.ApprovalReminded) -> dict[str, Any]:
@@ -567,6 +631,8 @@ APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
     ev.ApprovalWithdrawn: _approval_closed,
     ev.ApprovalEdited: _approval_edited,
     ev.ApprovalReminded: _approval_reminded,
+    ev.GrantCreated: _grant_created,
+    ev.GrantRevoked: _grant_revoked,
     ev.ApprovalRefused: _no_change,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,

@@ -128,6 +128,8 @@ def _tool_call_requested(e: ev.ToolCallRequested) -> str:
         text += " non-idempotent"
     if e.escalate_to:
         text += f" escalate to {','.join(e.escalate_to)}"
+    if e.max_grant_s is not None:
+        text += f" max grant {e.max_grant_s:g}s"
     return text + _reason(e.reason)
 
 
@@ -140,6 +142,18 @@ def _approval_requested(e: ev.ApprovalRequested) -> str:
 
 def _approval_reminded(e: ev.ApprovalReminded) -> str:
     return f"reminded the approvers of {e.tool_call_id}"
+
+
+def _grant_created(e: ev.GrantCreated) -> str:
+    on = f" on {e.tool_call_id}" if e.tool_call_id else ""
+    return (
+        f"grant {e.grant_id}: {e.tool}({excerpt(e.arguments_schema)}) in the {e.scope}"
+        f" until {_at(e.until, e.created_at)}{on}"
+    )
+
+
+def _grant_revoked(e: ev.GrantRevoked) -> str:
+    return f"revoked grant {e.grant_id}"
 
 
 def _approval_granted(e: ev.ApprovalGranted) -> str:
@@ -246,6 +260,8 @@ SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
     ev.ApprovalWithdrawn: _approval_withdrawn,
     ev.ApprovalEdited: _approval_edited,
     ev.ApprovalReminded: _approval_reminded,
+    ev.GrantCreated: _grant_created,
+    ev.GrantRevoked: _grant_revoked,
     ev.ToolStarted: _tool_started,
     ev.ToolResult: _tool_result,
     ev.ToolOutcomeUnknown: _tool_outcome_unknown,

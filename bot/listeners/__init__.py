@@ -16,11 +16,12 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from bot.listeners import approvals, commands, messages, reconcile
+from bot.listeners import approvals, commands, grants, messages, reconcile
 from bot.listeners.deps import CONTEXT_KEY, Deps
 from bot.refusals import shown_in_modal, told_privately
-from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, GRANT_ACTION, REJECT_ACTION
 from bot.render.edit import APPROVE_BLOCK, EDIT_CALLBACK
+from bot.render.grants import REVOKE_ACTION
 from bot.render.modals import NOTE_BLOCK, NOTE_CALLBACK, REJECT_CALLBACK
 from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
 from bot.render.status import CANCEL_ACTION
@@ -46,6 +47,8 @@ def register(app: AsyncApp, deps: Deps) -> None:
     app.event("message")(messages.on_message)
     app.event("app_home_opened")(commands.on_home_opened)
     app.action(APPROVE_ACTION)(told_privately(approvals.on_approve, deps.notify))
+    app.action(GRANT_ACTION)(told_privately(approvals.on_approve_for, deps.notify))
+    app.action(REVOKE_ACTION)(told_privately(grants.on_revoke, deps.notify))
     app.action(REJECT_ACTION)(told_privately(approvals.on_reject, deps.notify))
     app.action(EDIT_ACTION)(told_privately(approvals.on_edit, deps.notify))
     app.action(CANCEL_ACTION)(told_privately(approvals.on_cancel, deps.notify))

@@ -48,6 +48,19 @@ async def on_approve(
     accepted(d, result)
 
 
+async def on_approve_for(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    """ "Approve for 1 h": the vote, and a standing grant for these exact arguments."""
+    d, clicked = Deps.of(context), click_of(body)
+    binding = binding_of(clicked.value, INVALID_BUTTON)
+    decider = await d.decider(clicked.user, clicked.org)
+    key = f"click:{clicked.action_ts}"
+    result = await _decide(d, binding, decider, "approve", key, grant=True)
+    await ack()
+    accepted(d, result)
+
+
 async def on_reject(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
@@ -237,6 +250,7 @@ async def _decide(
     decision: ev.ApprovalDecision,
     dedupe_key: str,
     reason: str = "",
+    grant: bool = False,
 ) -> Accepted:
     """``decision`` on exactly the call the card was made for; refusals raised."""
     result = await decide_approval(
@@ -249,6 +263,7 @@ async def _decide(
         arguments_hash=binding.arguments_hash,
         decider=decider,
         dedupe_key=dedupe_key,
+        grant=grant,
     )
     if isinstance(result, Refused):
         raise Refusal.because(result.reason)

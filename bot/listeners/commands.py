@@ -1,4 +1,4 @@
-"""``/opsloop`` (help, pending, status, audit) and the App Home tab: read-only views."""
+"""``/opsloop`` (help, pending, status, audit, grants) and the App Home tab: read-only views."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
-from bot.listeners import audit
+from bot.listeners import audit, grants
 from bot.listeners.deps import Deps
 from bot.mrkdwn import escape
 from bot.render import home
@@ -38,6 +38,10 @@ async def on_command(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltC
         if blocks is not None:
             await ack(text=text, blocks=blocks, response_type="ephemeral")
             return
+    elif sub == "grants":
+        text, blocks = await grants.grants_answer(d, command, url)
+        await ack(text=text, blocks=blocks, response_type="ephemeral")
+        return
     elif sub == "help":
         text = home.help_text(name)
     else:

@@ -32,12 +32,14 @@ from bot.render.common import (
     tool,
 )
 from engine.edits import Change, value_text
+from engine.grants import grant_seconds
 from engine.state import SaidSince
 
 # "refused": an edit gave the call arguments the policy refuses.
 Outcome = Literal["approved", "rejected", "expired", "withdrawn", "cancelled", "refused"]
 
 APPROVE_ACTION = "opsloop_approve"
+GRANT_ACTION = "opsloop_approve_for"  # "Approve for 1 h": the vote and a standing grant
 EDIT_ACTION = "opsloop_edit"
 REJECT_ACTION = "opsloop_reject"
 EDITS_SHOWN = 3  # the latest edits a card lists (the count goes on)
@@ -125,6 +127,7 @@ def approval_card(
         "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
         "elements": [
             approve,
+            *_grant_button(call, votes, value),
             button("Edit", EDIT_ACTION, value, None),
             button("Reject", REJECT_ACTION, value, "danger"),
         ],
@@ -139,6 +142,30 @@ def approval_card(
     )
     progress = [section(progress_text(votes))] if votes.needed > 1 or votes.by else []
     return [*body, *rule_blocks(call), *progress, expiry, actions]
+
+
+def _grant_button(call: CallLike, votes: Votes, value: str) -> list[Block]:
+    """ "Approve for 1 h" (or the rule's shorter max_grant) when the call's rule allows
+    standing grants and one vote decides it."""
+    max_grant_s = getattr(call, "max_grant_s", None)
+    if max_grant_s is None or votes.needed != 1:
+        return []
+    span = duration_text(grant_seconds(max_grant_s))
+    text = (
+        f"Approves this call, and for {span} any call of {tool(call.intent, 60)} with these"
+        " exact arguments in this thread. /opsloop grants lists grants, to revoke them."
+    )
+    sure = confirm(f"Approve for {span}?", text, "Approve", "Not yet", "primary")
+    return [button(f"Approve for {span}", GRANT_ACTION, value, None, confirm=sure)]
+
+
+def duration_text(seconds: float) -> str:
+    """``1 h``, ``30 min``, ``45 s``, ``1 h 30 min``: a grant's span on its button."""
+    whole = max(int(seconds), 1)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours} h"] * bool(hours) + [f"{minutes} min"] * bool(minutes)
+    return " ".join(parts + [f"{secs} s"] * bool(secs and not hours)) or "0 s"
 
 
 _OUTCOME_TITLES: dict[str, str] = {

@@ -171,6 +171,7 @@ def help_text(command: str = "/opsloop") -> str:
             f"`{c} status`: what opsloop is working on in this channel",
             f"`{c} audit THREAD`: who asked, who decided and what ran in a thread "
             "(its link or id; alone, in a thread: that one)",
+            f"`{c} grants`: standing grants live in this channel, to revoke them",
             f"`{c} help`: this help",
         ]
     )

@@ -7,6 +7,7 @@ Pure: no I/O here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from bot import mrkdwn as md
@@ -46,6 +47,17 @@ def event_line(
     render = LINES.get(type(event))
     named = people | {requester} if requester else people
     return render(event, _Seen(tool_name, requester, named)) if render else None
+
+
+def granted_line(call: ev.ToolCallRequested, reviewer: str, until: datetime) -> list[Block]:
+    """A call a standing grant approved at once (no card): "approved by @bob's grant
+    until 15:40"."""
+    return [
+        context(
+            f"🔧 {tool(call.intent)} {excerpt(call.arguments)} · approved by"
+            f" {mention(reviewer)}'s grant until {date(until)}"
+        )
+    ]
 
 
 def _call_name(call_id: str | None, tool_name: str | None) -> str:

@@ -83,7 +83,6 @@ TABLE = [
         "cannot import tool module 'no_such_tools_module'",
     ),
     # --- keys this release does not act on ---------------------------------------------
-    ("max_grant", rule("max_grant: 1h"), "policy[0].max_grant: is not supported"),
     ("integrations", "integrations: {github: {}}\n", "integrations: is not supported"),
     # --- and the rest ------------------------------------------------------------------
     ("empty", "", VALID),
@@ -97,6 +96,8 @@ TABLE = [
     ),
     ("rule", rule("quorum: 1, expires_in: 2h, channels: [C0OPS]"), VALID),
     ("reminder", rule("remind_after: 30m, escalate_to: [U0A1, S0SRE, oncall:P1, C0OPS]"), VALID),
+    ("grant", rule("max_grant: 30m"), VALID),
+    ("grant-not-a-duration", rule("max_grant: soon"), "policy[0].max_grant:"),
     (
         "reminder-after-expiry",
         rule("expires_in: 1h, remind_after: 1h"),

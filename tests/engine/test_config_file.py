@@ -56,13 +56,6 @@ def test_the_example_is_the_design_example_minus_the_keys_this_release_refuses()
     assert EXAMPLE.read_text() == "".join(supported)
 
 
-@pytest.mark.parametrize("key", LATER_RULE_KEYS)
-def test_rule_keys_nothing_acts_on_yet_are_not_supported(key):
-    assert error_of(f"policy: [{{tool: a, policy: approve_before_run, {key}: 1h}}]") == (
-        f"opsloop.yaml: policy[0].{key}: is not supported by this release"
-    )
-
-
 def test_the_example_loads_every_section():
     cfg = example()
     assert cfg.tools.modules == ["tools.builtin", "acme_tools.deploy"]
@@ -84,6 +77,7 @@ def test_the_example_loads_every_section():
     deploy = cfg.policy[2]
     assert (deploy.tool, deploy.policy, deploy.quorum) == ("deploy", "approve_before_run", 2)
     assert deploy.expires_in == 7200.0 and cfg.policy[3].channels == ["C0OPS"]
+    assert (deploy.max_grant, cfg.policy[3].max_grant) == (None, 3600.0)  # grants: opt-in
     assert cfg.policy[1].reason == "Deleting resources is not allowed from chat."
 
 

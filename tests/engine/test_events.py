@@ -64,6 +64,16 @@ SAMPLES: dict[str, ev.Event] = {
             allow_self=False,
         ),
         ev.ApprovalReminded(tool_call_id="toolu_5"),
+        ev.GrantCreated(
+            actor="U2",
+            grant_id="grant_1",
+            tool="deploy",
+            arguments_schema={"type": "object", "properties": {"service": {"const": "api"}}},
+            until=at(3600),
+            reviewer="U2",
+            tool_call_id="toolu_5",
+        ),
+        ev.GrantRevoked(actor="U2", grant_id="grant_1"),
         ev.ToolStarted(tool_call_id="toolu_5", attempt=2),
         ev.ToolResult(
             actor="tool", tool_call_id="toolu_5", attempt=2, ok=True, output={"v": [1, "x"]}
@@ -234,6 +244,8 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "approval_refused",
         "approval_withdrawn",
         "approval_edited",
+        "grant_created",
+        "grant_revoked",
         "reconcile_decided",
         "wait_finished",
     }

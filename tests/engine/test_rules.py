@@ -157,6 +157,7 @@ def test_every_rule_key_is_carried():
         ({}, "remind_after_s", None),
         ({"remind_after": "30m"}, "remind_after_s", 1800.0),
         ({}, "max_grant_s", None),
+        ({"max_grant": "90m"}, "max_grant_s", 5400.0),
         ({}, "escalate_to", ()),
         (
             {"escalate_to": ["S0SRE", "oncall:P1", "C0OPS", "S0SRE"]},

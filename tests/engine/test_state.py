@@ -854,3 +854,72 @@ def test_an_edit_needs_a_call_awaiting_approval() -> None:
     assert state.pending is not None
     with pytest.raises(IllegalTransition):
         apply(state, edited("restart", "r1", state.pending.arguments_hash, service="web"))
+
+
+# --- standing grants (issue 17 §4) --------------------------------------------------------
+
+
+def _grant(grant_id: str = "g1", tool: str = "deploy", until: float = 60) -> ev.GrantCreated:
+    return ev.GrantCreated(
+        actor=REVIEWER,
+        grant_id=grant_id,
+        tool=tool,
+        arguments_schema={"type": "object"},
+        until=at(until),
+        reviewer=REVIEWER,
+    )
+
+
+def _deploy_requested(call_id: str = "toolu_g") -> list[ev.Event]:
+    """A deploy (its rule allows grants, see tests.support.logs.RULED) not yet carded."""
+    return approval_pending(call_id)[:2]
+
+
+def test_the_thread_keeps_its_grants_until_revoked() -> None:
+    state = reduce(stamp([user(), _grant("g1"), _grant("g2", "restart")]))
+    assert set(state.grants) == {"g1", "g2"} and state.grants["g2"].tool == "restart"
+    state = apply(state, ev.GrantRevoked(actor=REVIEWER, grant_id="g1"))
+    assert set(state.grants) == {"g2"}
+    with pytest.raises(IllegalTransition, match="is not live"):
+        apply(state, ev.GrantRevoked(actor=REVIEWER, grant_id="g1"))
+    with pytest.raises(IllegalTransition, match="exists"):
+        apply(state, _grant("g2"))
+
+
+def test_a_grant_approves_a_call_of_its_tool_at_once_in_place_of_a_card() -> None:
+    state = reduce(stamp([user(), _grant("g1"), *_deploy_requested()]))
+    after = apply(state, ev.ApprovalGranted(actor="grant:g1", tool_call_id="toolu_g"))
+    assert after.status == "running" and after.pending is not None
+    assert (after.pending.phase, after.pending.votes) == ("ready", ("grant:g1",))
+
+
+@pytest.mark.parametrize(
+    ("events", "why"),
+    [
+        ([_grant("g1", "restart")], "is for restart"),
+        ([_grant("g1"), ev.GrantRevoked(actor=REVIEWER, grant_id="g1")], "not a grant"),
+        ([], "not a grant"),
+    ],
+)
+def test_a_grant_of_another_tool_or_revoked_approves_nothing(events, why) -> None:
+    state = reduce(stamp([user(), *events, *_deploy_requested()]))
+    with pytest.raises(IllegalTransition, match=why):
+        apply(state, ev.ApprovalGranted(actor="grant:g1", tool_call_id="toolu_g"))
+
+
+def test_a_grant_never_approves_a_call_whose_rule_allows_none() -> None:
+    # restart: a quorum of two; lookup-like calls without max_grant: no grants either.
+    asked = [
+        decided("toolu_r", "restart", name="api"),
+        requested("toolu_r", "restart", name="api"),
+    ]
+    state = reduce(stamp([user(), _grant("g1", "restart"), *asked]))
+    with pytest.raises(IllegalTransition, match="allows no grants"):
+        apply(state, ev.ApprovalGranted(actor="grant:g1", tool_call_id="toolu_r"))
+
+
+def test_long_expired_grants_are_dropped_as_new_ones_come() -> None:
+    old = _grant("old", until=1).model_copy(update={"created_at": at(0)})
+    new = _grant("new", until=3000).model_copy(update={"created_at": at(2 * 24 * 60)})
+    state = reduce(stamp([user(), old]))
+    assert set(apply(state, new).grants) == {"new"}

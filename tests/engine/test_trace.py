@@ -122,6 +122,23 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.ApprovalReminded(**_env(13), tool_call_id=CALL),
         f"reminded the approvers of {CALL}",
     ),
+    "grant_created": (
+        ev.GrantCreated(
+            **_env(13, "U2"),
+            grant_id="grant_1",
+            tool="restart",
+            arguments_schema={"type": "object", "properties": {"service": {"const": "api"}}},
+            until=T0 + timedelta(hours=1),
+            reviewer="U2",
+            tool_call_id=CALL,
+        ),
+        'grant grant_1: restart({"type":"object","properties":{"service":{"const":"api"}}})'
+        f" in the thread until 13:00:00 on {CALL}",
+    ),
+    "grant_revoked": (
+        ev.GrantRevoked(**_env(13, "U2"), grant_id="grant_1"),
+        "revoked grant grant_1",
+    ),
     "tool_started": (
         ev.ToolStarted(**_env(14), tool_call_id=CALL, attempt=2),
         f"{CALL} attempt 2",

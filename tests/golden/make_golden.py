@@ -42,6 +42,7 @@ from engine.inputs import (  # noqa: E402
     edit_call,
     finish_wait,
     post_user_message,
+    revoke_grant,
 )
 from engine.models.base import Decision, ModelError  # noqa: E402
 from engine.models.scripted import ScriptedModel, Step, ask, call, say  # noqa: E402
@@ -86,6 +87,15 @@ REMINDING = PolicySet(
     ),
     defaults=Defaults(ReviewerRule(frozenset({BOB}))),
     policy_hash="8" * 64,
+)
+
+# A rule whose approval may create a standing grant (issue 17 §4).
+GRANTING = PolicySet(
+    rules=(
+        PolicyRule(tool="restart", policy="approve_before_run", approvers=[BOB], max_grant="1h"),
+    ),
+    defaults=Defaults(ReviewerRule(frozenset({BOB}))),
+    policy_hash="7" * 64,
 )
 
 
@@ -401,6 +411,37 @@ async def edited(store: Store) -> Play:
     return p
 
 
+async def granted(store: Store) -> Play:
+    """A reviewer approves a restart for an hour; the same restart again runs at once by
+    that grant (approval_granted by grant:<id>); once the grant is revoked, the next
+    restart needs a vote again."""
+    again = call("restart", name="api")
+    model = ScriptedModel(
+        [again, again, say("api was restarted twice."), again, say("api was restarted again.")]
+    )
+    p = play(store, "1767000010.000100", model, "make_ruled_tools", policy=GRANTING)
+    await p.say("restart api, and again if it flaps")
+    assert await p.run() == "awaiting_approval"
+    await p.vote(BOB, grant=True, now=p.clock())
+    assert await p.run() == "idle"  # the second restart ran by the grant
+    [grant_id] = (await store.load(p.thread_id)).grants
+    revoked = await revoke_grant(
+        store,
+        p.thread_id,
+        grant_id=grant_id,
+        decider=Decider(BOB),
+        reviewers=OPEN,
+        dedupe_key="click-revoke",
+    )
+    assert revoked.event is not None and revoked.event.type == "grant_revoked"  # type: ignore[union-attr]
+    await p.say("it flapped again")
+    assert await p.run() == "awaiting_approval"
+    await p.vote(BOB)
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
+    return p
+
+
 THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "approvals": approvals,
     "clarified": clarified,
@@ -411,6 +452,7 @@ THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "withdrawn": withdrawn,
     "reminded": reminded,
     "edited": edited,
+    "granted": granted,
 }
 
 

@@ -53,6 +53,7 @@ RULED: dict[str, dict[str, Any]] = {
         "escalate_to": ("S0ONCALL", "C0ESCALATE"),  # its expiry is posted in a channel
     },
     "purge": {"rule": 1, "policy_hash": "b" * 64, "reason": "nothing is ever purged"},
+    "deploy": {"max_grant_s": 3600.0},  # its approval may create a standing grant
 }
 UNKNOWN_TOOL = "no_such_tool"
 
@@ -373,6 +374,9 @@ class Simulator:
         call = s.pending
         if call is not None:
             cid = call.tool_call_id
+            if call.phase == "requested" and call.grants_allowed:
+                # A live grant of the thread approves it at once, instead of a card.
+                out += [ev.ApprovalGranted(actor=f"grant:{g}", tool_call_id=cid) for g in s.grants]
             if call.phase == "requested":
                 # The ruled tool's rule sets a reminder, as a policy file's may.
                 remind = at(n + 30) if call.intent in RULED else None
@@ -455,6 +459,19 @@ class Simulator:
             # Legal only while a card waits: the requester wrote again.
             ev.ApprovalWithdrawn(actor=REQUESTER, tool_call_id=cid, reason="superseded"),
         ]
+        if s.grants:  # one grant at a time, so noise stays a small share
+            out.append(ev.GrantRevoked(actor=REVIEWER, grant_id=next(iter(s.grants))))
+        elif s.status != "new":  # a reviewer's "Approve for 1 h" (noise: its vote aside)
+            out.append(
+                ev.GrantCreated(
+                    actor=REVIEWER,
+                    grant_id=f"grant_{n:04d}",
+                    tool="deploy",
+                    arguments_schema={"type": "object"},
+                    until=at(n + 60),
+                    reviewer=REVIEWER,
+                )
+            )
         if self.log:
             out.append(
                 ev.MessagePosted(shows_event_id=self.log[-1].event_id, channel="C1", ts=f"{n}.0")

@@ -13,7 +13,18 @@ from slack_sdk.models.blocks import Block as SdkBlock
 from slack_sdk.models.views import View as SdkView
 
 import bot.render
-from bot.render import approval, audit, edit, home, lines, modals, reconcile, reminders, status
+from bot.render import (
+    approval,
+    audit,
+    edit,
+    grants,
+    home,
+    lines,
+    modals,
+    reconcile,
+    reminders,
+    status,
+)
 from engine import events as ev
 from engine.audit import audit as audit_of
 from engine.edits import changes
@@ -235,6 +246,31 @@ def every_rendering(
     yield "audit_blocks", audit.audit_blocks(thread_id=THREAD, link=None, calls=calls)
     yield "audit_blocks[empty]", audit.audit_blocks(thread_id=THREAD, link=None, calls=[])
     yield "home_view[decided]", home.home_view(REVIEWER, [], [], decision_rows(text, intent))
+    granting = card_inputs(text, intent=intent, arguments={"x": text} if args is None else args)
+    granting["call"] = granting["call"].model_copy(update={"max_grant_s": 3600.0})
+    yield "approval_card[grants allowed]", approval.approval_card(**granting)
+    yield (
+        "granted_line",
+        lines.granted_line(granting["call"], f"U{text}", LATER),
+    )
+    yield "grants_message", grants.grants_message(grant_rows(text, intent, 25))[1]
+    yield "grants_message[empty]", grants.grants_message([])[1]
+
+
+def grant_rows(text: str = EVIL, intent: str = "deploy", n: int = 1) -> list[grants.GrantRow]:
+    """``n`` live grants for ``/opsloop grants``, ``text`` wherever text goes."""
+    return [
+        grants.GrantRow(
+            thread_id=THREAD,
+            grant_id=f"grant_{i:04d}",
+            tool=intent,
+            arguments={"x": text} if i % 2 else None,
+            reviewer=f"U{text}",
+            until=LATER,
+            link=None,  # a link is our own <…> token: its test checks it
+        )
+        for i in range(n)
+    ]
 
 
 def reminded(

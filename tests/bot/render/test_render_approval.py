@@ -8,7 +8,14 @@ import pytest
 
 from bot import limits
 from bot import mrkdwn as md
-from bot.render.approval import Edited, Votes, approval_card, decided_card, rule_text
+from bot.render.approval import (
+    Edited,
+    Votes,
+    approval_card,
+    decided_card,
+    duration_text,
+    rule_text,
+)
 from bot.render.common import Binding, parse_binding
 from engine.edits import changes
 from tests.bot.render.support import (
@@ -253,3 +260,44 @@ def test_a_card_the_policy_refuses_after_an_edit_says_so_and_keeps_the_diff() ->
     assert "environment: staging → prod-eu" in all_text(blocks)
     assert all(blk["type"] != "actions" for blk in blocks)
     assert limits.check_limits(blocks) == []
+
+
+# --- standing grants (issue 17 §4) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_grant_s", "label"),
+    [(7200.0, "Approve for 1 h"), (3600.0, "Approve for 1 h"), (1200.0, "Approve for 20 min")],
+)
+def test_a_rule_with_max_grant_offers_approve_for_its_real_duration(
+    max_grant_s: float, label: str
+) -> None:
+    blocks = approval_card(**card_inputs(max_grant_s=max_grant_s))
+    [actions] = [b for b in blocks if b["type"] == "actions"]
+    approve, grant, _edit, _reject = actions["elements"]
+    assert (grant["action_id"], grant["text"]["text"]) == ("opsloop_approve_for", label)
+    assert grant["value"] == approve["value"]  # bound to the same call and arguments
+    assert grant["confirm"]["title"]["text"] == f"{label}?"
+    assert "exact arguments in this thread" in grant["confirm"]["text"]["text"]
+    assert limits.check_limits(blocks) == []
+
+
+@pytest.mark.parametrize(
+    "call_kw",
+    [{}, {"max_grant_s": 3600.0, "approvers": (REVIEWER, "U0OTHER01"), "quorum": 2}],
+    ids=["no max_grant", "quorum 2"],
+)
+def test_no_approve_for_without_max_grant_or_with_a_quorum(call_kw: dict) -> None:
+    blocks = approval_card(**card_inputs(**call_kw))
+    ids = [e["action_id"] for b in blocks if b["type"] == "actions" for e in b["elements"]]
+    assert ids == ["opsloop_approve", "opsloop_edit", "opsloop_reject"]
+
+
+def test_duration_text_says_the_real_span() -> None:
+    assert [duration_text(s) for s in (3600, 5400, 1800, 45, 0.2)] == [
+        "1 h",
+        "1 h 30 min",
+        "30 min",
+        "45 s",
+        "1 s",
+    ]

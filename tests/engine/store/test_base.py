@@ -881,7 +881,18 @@ async def test_decisions_by_finds_a_persons_votes_rejections_and_reconciles_newe
         now=at(2),
     )
     # Someone else's vote, a grant's, and another team's thread: none of them are REVIEWER's.
-    granted = await thread_with(store, [user(), *approval_pending("toolu_g")], "4.0", now=at(0))
+    # (A standing grant of the thread approves the call at once, in place of a card.)
+    grant = ev.GrantCreated(
+        grant_id="g1",
+        tool="deploy",
+        arguments_schema={"type": "object"},
+        until=at(60),
+        reviewer=REVIEWER,
+        actor=REVIEWER,
+    )
+    granted = await thread_with(
+        store, [user(), grant, *approval_pending("toolu_g")[:2]], "4.0", now=at(0)
+    )
     await store.append(
         granted, 4, [ev.ApprovalGranted(tool_call_id="toolu_g", actor="grant:g1")], now=at(4)
     )
