@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
@@ -69,18 +69,7 @@ async def on_reject(
     d, clicked = Deps.of(context), click_of(body)
     binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
-    checked = await check_decision(
-        d.store,
-        binding.thread_id,
-        tool_call_id=binding.tool_call_id,
-        decider=decider,
-        decision="reject",
-        reviewers=d.reviewers,
-        arguments_hash=binding.arguments_hash,
-        dedupe_key=f"click:{clicked.action_ts}",
-    )
-    if isinstance(checked, Refused):
-        raise Refusal.because(checked.reason)
+    checked = await _check(d, binding, decider, "reject", f"click:{clicked.action_ts}")
     await ack()
     # The trigger id expires 3 s after the click: open the modal now.
     modal = reject_modal(
@@ -111,7 +100,7 @@ async def on_edit(
     d, clicked = Deps.of(context), click_of(body)
     binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
-    checked = await _check_edit(d, binding, decider, f"click:{clicked.action_ts}")
+    checked = await _check(d, binding, decider, "edit", f"click:{clicked.action_ts}")
     schema = _schema(d, checked.intent)
     modal = edit_modal(
         thread_id=binding.thread_id,
@@ -146,7 +135,7 @@ async def on_edit_submitted(
         d.wake(binding.thread_id)
         return
     decider = await d.decider(submitted.user, submitted.org)
-    checked = await _check_edit(d, binding, decider, key)
+    checked = await _check(d, binding, decider, "edit", key)
     schema = _schema(d, checked.intent)
     form = read_edit(schema, values)
     if form.errors:
@@ -171,14 +160,21 @@ async def on_edit_submitted(
     accepted(d, result)
 
 
-async def _check_edit(d: Deps, binding: Binding, decider: Decider, key: str) -> Decidable:
-    """May ``decider`` edit the bound call now? Its arguments if so; refusals raised."""
+async def _check(
+    d: Deps,
+    binding: Binding,
+    decider: Decider,
+    decision: ev.ApprovalDecision | Literal["edit"],
+    key: str,
+) -> Decidable:
+    """May ``decider`` make ``decision`` on the bound call now (before a modal opens)?
+    The call if so; a refusal is recorded by the engine and raised here."""
     checked = await check_decision(
         d.store,
         binding.thread_id,
         tool_call_id=binding.tool_call_id,
         decider=decider,
-        decision="edit",
+        decision=decision,
         reviewers=d.reviewers,
         arguments_hash=binding.arguments_hash,
         dedupe_key=key,
