@@ -56,6 +56,7 @@ from engine import faults
 from engine.leases import Lease
 from engine.logs import bind
 from engine.retrying import retrying
+from engine.reviewers import ANYONE, ReviewerRule
 from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadInfo
 
@@ -82,8 +83,8 @@ class Delivery:
     over a thread; the lease keeps other processes out.
 
     ``owner`` names the lease of a pass over a thread at rest (a lease found held by
-    the same owner is used and left in place). ``approvers``: named by the thread's status
-    message while an approval is awaited.
+    the same owner is used and left in place). ``reviewers``: the process's rule, whose
+    approvers the status message names for a call that records no rule of its own.
     ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
     (None: only the next ``deliver`` call retries).
     """
@@ -94,7 +95,7 @@ class Delivery:
         client: AsyncWebClient,
         *,
         owner: str,
-        approvers: Sequence[str] = (),
+        reviewers: ReviewerRule = ANYONE,
         max_inline_wait: float = 5.0,
         lease_ttl: float = 30.0,
         retry_base: float | None = 2.0,
@@ -110,7 +111,7 @@ class Delivery:
             h for h in client.retry_handlers if not isinstance(h, AsyncConnectionErrorRetryHandler)
         ]
         self.owner = owner
-        self.approvers = list(approvers)
+        self.reviewers = reviewers
         self.max_inline_wait = max_inline_wait
         self.lease_ttl = lease_ttl
         self.retry_base = retry_base
@@ -224,7 +225,7 @@ class Delivery:
     # --- internals ------------------------------------------------------------------
 
     def _pending(self, events: Sequence[ev.AnyEvent]) -> list[Outbound]:
-        return pending_deliveries(events, approvers=self.approvers)
+        return pending_deliveries(events, reviewers=self.reviewers)
 
     async def _slack_thread(self, thread_id: str, info: ThreadInfo | None = None) -> _SlackThread:
         """The thread in Slack. Its place never changes: read from its row once per

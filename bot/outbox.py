@@ -60,6 +60,7 @@ from bot.render.status import status_message
 from engine import events as ev
 from engine.edits import changes
 from engine.policy import arguments_hash
+from engine.reviewers import ANYONE, ReviewerRule
 from engine.state import GRANT_PREFIX, Grant, ThreadState, apply
 
 METADATA_TYPE = "opsloop_event"
@@ -80,13 +81,14 @@ class StatusView:
     """What the thread's status message shows: ``state``, the state after event ``upto``.
 
     ``anchor`` is the thread's first ``user_message``, the event the message's metadata
-    (and its first receipt) names; ``approvers`` are named while an approval is awaited.
+    (and its first receipt) names; ``reviewers`` (the process's rule) are named while an
+    approval of a call that records no rule of its own is awaited.
     """
 
     state: ThreadState
     anchor: str
     upto: str
-    approvers: tuple[str, ...] = ()
+    reviewers: ReviewerRule = ANYONE
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class Outbound:
 
 
 def pending_deliveries(
-    events: Sequence[ev.AnyEvent], *, approvers: Sequence[str] = ()
+    events: Sequence[ev.AnyEvent], *, reviewers: ReviewerRule = ANYONE
 ) -> list[Outbound]:
     """What a whole log still has to show, in log order (pure).
 
@@ -165,7 +167,7 @@ def pending_deliveries(
     status = None
     if first is not None:
         last = next(e for e in reversed(events) if not isinstance(e, ev.MessagePosted))
-        status = _status(first, last, walk.state, status_shows, status_ts, receipts, approvers)
+        status = _status(first, last, walk.state, status_shows, status_ts, receipts, reviewers)
     if status is not None:
         if status.kind == "post":
             out.insert(0, status)
@@ -398,7 +400,7 @@ def _status(
     shown: ThreadState,
     status_ts: str,
     receipts: dict[str, list[str]],
-    approvers: Sequence[str],
+    reviewers: ReviewerRule,
 ) -> Outbound | None:
     """The status message to post (none has a receipt yet), or to update (``shown``,
     what it shows, differs from ``state``, what the whole log says), or None.
@@ -408,14 +410,14 @@ def _status(
     records two: the first ``user_message``'s, and the last event's (``last``, the log's
     last but receipts), whose state it shows.
     """
-    view = StatusView(state, first.event_id, last.event_id, tuple(approvers))
+    view = StatusView(state, first.event_id, last.event_id, reviewers)
     if first.event_id not in receipts:
         return Outbound("post", first, first.actor, status=view)
     if not status_ts:
         return None  # a receipt without a ts: nothing to update
     tid = first.thread_id
-    if status_message(shown, tid, approvers=approvers) == status_message(
-        state, tid, approvers=approvers
+    if status_message(shown, tid, reviewers=reviewers) == status_message(
+        state, tid, reviewers=reviewers
     ):
         return None
     return Outbound("update", last, first.actor, card_ts=status_ts, status=view)
@@ -454,7 +456,7 @@ def render(item: Outbound, card_link: str | None = None) -> list[Block]:
     e = item.event
     if item.status is not None:
         view = item.status
-        return status_message(view.state, e.thread_id, approvers=view.approvers)
+        return status_message(view.state, e.thread_id, reviewers=view.reviewers)
     if isinstance(item.card, ev.ToolOutcomeUnknown) or isinstance(e, ev.ToolOutcomeUnknown):
         return _reconcile(item)
     if item.kind == "update" and item.still_open:  # the open card, noted or voted on

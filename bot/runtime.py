@@ -187,7 +187,7 @@ async def _background(
         store,
         client,
         owner=f"{owner}/delivery",
-        approvers=sorted(settings.reviewers.approvers),
+        reviewers=settings.reviewers,
         lease_ttl=settings.runner.lease_ttl_s,
     )
     runner = Runner(

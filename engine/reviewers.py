@@ -106,3 +106,8 @@ def _approvers_step(old: frozenset[str], new: frozenset[str]) -> Comparison:
     if new < old:
         return "stricter"
     return "different"
+
+
+# No approvers named, quorum 1: anyone but the requester decides (the process's rule when
+# OPSLOOP_APPROVERS is empty). A module-level value, for defaults.
+ANYONE = ReviewerRule()

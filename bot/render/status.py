@@ -6,11 +6,10 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from bot.limits import Block
 from bot.mrkdwn import date, inline_code, mention
 from bot.render.common import approver_text, button, confirm, context, section, short, tool, trace
+from engine.reviewers import ANYONE, ReviewerRule
 from engine.state import PendingCall, ThreadState
 
 CANCEL_ACTION = "opsloop_cancel"
@@ -27,12 +26,12 @@ ACTIVE = frozenset(
 )
 
 
-def status_text(state: ThreadState, approvers: Sequence[str] = ()) -> str:
+def status_text(state: ThreadState, reviewers: ReviewerRule = ANYONE) -> str:
     """One line saying what the thread is doing or waiting for (mrkdwn)."""
     call = state.pending
     status = state.status
     if status == "awaiting_approval" and call is not None:
-        who = _approvers_of(call, approvers) or "a reviewer"
+        who = _approvers_of(call, reviewers) or "a reviewer"
         expires = f" (expires {date(call.expires_at)})" if call.expires_at else ""
         done = f", {len(call.votes)} of {call.quorum} so far" if call.quorum > 1 else ""
         return f"⏸️ Waiting for approval from {who} to run {tool(call.intent)}{expires}{done}"
@@ -44,7 +43,7 @@ def status_text(state: ThreadState, approvers: Sequence[str] = ()) -> str:
             f"(gives up {date(call.wait.timeout_at)})"
         )
     if status == "awaiting_reconcile" and call is not None:
-        who = _approvers_of(call, approvers) or "someone"
+        who = _approvers_of(call, reviewers) or "someone"
         return (
             f"❓ {tool(call.intent)} was interrupted: waiting for {who} to say whether it "
             "happened (see the card)"
@@ -74,20 +73,20 @@ _STATUS_TEXT = {
 }
 
 
-def _approvers_of(call: PendingCall, process: Sequence[str]) -> str:
-    """Who may decide ``call``: its recorded approvers, else the process's."""
-    named = sorted(call.reviewers.approvers) if call.reviewers is not None else list(process)
+def _approvers_of(call: PendingCall, default: ReviewerRule) -> str:
+    """Who may decide ``call``: its recorded rule's approvers, else the process's."""
+    named = sorted((call.reviewers or default).approvers)
     return ", ".join(approver_text(a) for a in named[:10])
 
 
 def status_message(
-    state: ThreadState, thread_id: str, *, approvers: Sequence[str] = ()
+    state: ThreadState, thread_id: str, *, reviewers: ReviewerRule = ANYONE
 ) -> list[Block]:
     """The thread's status line, with a Cancel button while the thread is active.
 
     ``approvers`` (user and user-group ids) are named while an approval is awaited.
     """
-    line = section(status_text(state, approvers))
+    line = section(status_text(state, reviewers))
     if state.status in ACTIVE:
         line["accessory"] = button(
             "Cancel",

@@ -359,7 +359,9 @@ async def test_the_status_message_is_posted_first_once_and_updated_in_place(stor
     the status message shows is read from the log, not remembered."""
 
     def process(name: str) -> Delivery:
-        return Delivery(store, client_for(slack), owner=name, approvers=[REVIEWER])
+        return Delivery(
+            store, client_for(slack), owner=name, reviewers=ReviewerRule(frozenset({REVIEWER}))
+        )
 
     tid = await start(store, slack, DEPLOY)
     assert await process("proc-1").deliver(tid) == 2
@@ -683,7 +685,7 @@ def test_pending_deliveries_of_a_whole_thread_in_log_order():
 
 def test_the_status_message_is_posted_first_for_the_first_user_message_showing_now():
     log = logs.stamp([*logs.happy_path(), logs.user("and again")])
-    [status, *_] = pending_deliveries(log, approvers=[logs.REVIEWER])
+    [status, *_] = pending_deliveries(log, reviewers=ReviewerRule(frozenset({logs.REVIEWER})))
     assert status.kind == "post" and status.event is log[0]
     assert status.status is not None and status.status.anchor == log[0].event_id
     assert status.status.upto == log[-1].event_id  # it shows the state after the last event

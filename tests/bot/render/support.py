@@ -28,6 +28,7 @@ from bot.render import (
 from engine import events as ev
 from engine.audit import audit as audit_of
 from engine.edits import changes
+from engine.reviewers import ReviewerRule
 from engine.state import CallSetback, PendingCall, SaidSince, ThreadState, WaitInfo
 
 # Every rendering module: the purity and limits checks cover each one added later too.
@@ -187,7 +188,9 @@ def every_rendering(
     for s in statuses(text, intent):
         yield (
             f"status_message[{s.status}]",
-            status.status_message(s, THREAD, approvers=[REVIEWER, "S0GROUP01"]),
+            status.status_message(
+                s, THREAD, reviewers=ReviewerRule(frozenset({REVIEWER, "S0GROUP01"}))
+            ),
         )
     yield (
         "reject_modal",

@@ -7,6 +7,7 @@ import pytest
 from bot import limits
 from bot import mrkdwn as md
 from bot.render.status import CANCEL_ACTION, status_message, status_text
+from engine.reviewers import ReviewerRule
 from engine.state import ThreadState
 from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending, state, wait_info
 
@@ -18,7 +19,8 @@ from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending
         (state("running"), "⚙️ Working…", True),
         (
             state("awaiting_approval", pending=pending()),
-            f"⏸️ Waiting for approval from <@{REVIEWER}>, <!subteam^S0GROUP01> "
+            # Named in sorted order: group and user ids as the rule holds them.
+            f"⏸️ Waiting for approval from <!subteam^S0GROUP01>, <@{REVIEWER}> "
             f"to run *refund_customer* (expires {md.date(LATER)})",
             True,
         ),
@@ -40,7 +42,7 @@ from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending
     ids=lambda v: v.status if isinstance(v, ThreadState) else None,
 )
 def test_status_message(s: ThreadState, text: str, cancel: bool) -> None:
-    blocks = status_message(s, THREAD, approvers=[REVIEWER, "S0GROUP01"])
+    blocks = status_message(s, THREAD, reviewers=ReviewerRule(frozenset({REVIEWER, "S0GROUP01"})))
     assert blocks[0]["text"]["text"] == text
     assert ("accessory" in blocks[0]) is cancel
     if cancel:
@@ -62,14 +64,15 @@ def test_status_without_approvers_asks_for_a_reviewer() -> None:
 
 def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> None:
     unknown = state("awaiting_reconcile", pending=pending("unknown", intent="restart"))
-    text = status_text(unknown, [REVIEWER])
+    text = status_text(unknown, ReviewerRule(frozenset({REVIEWER})))
     assert text.startswith("❓ *restart* was interrupted: waiting for")
     assert f"<@{REVIEWER}>" in text
     quorum = state(
         "awaiting_approval",
         pending=pending(approvers=("S0GROUP01",), quorum=2, votes=(REVIEWER,)),
     )
-    text = status_text(quorum, [REVIEWER])  # the call's own approvers win
+    # The call's own approvers win over the process's.
+    text = status_text(quorum, ReviewerRule(frozenset({REVIEWER})))
     assert "<!subteam^S0GROUP01>" in text and f"<@{REVIEWER}>" not in text
     assert text.endswith(", 1 of 2 so far")
     blocks = status_message(unknown, THREAD)
