@@ -136,6 +136,7 @@ class _State(_Loose):
 
 
 class _View(_Loose):
+    type: Any = None  # Bolt only compares it with "workflow_step"
     id: _Str = None
     callback_id: _Str = None
     private_metadata: _Str = None
@@ -181,6 +182,16 @@ class _Envelope(_Loose):
             self.view is None or self.view.callback_id is None
         ):
             raise ValueError(f"{self.type} needs a view with a callback_id")
+        # Bolt builds a ``step`` argument for every middleware and listener: it indexes
+        # body["view"]["type"] of a submission, then body["workflow_step"] of a legacy
+        # Steps from Apps edit or save (payload_utils.to_step), present or not.
+        submitted = self.view if self.type == "view_submission" else None
+        if submitted is not None and "type" not in submitted.model_fields_set:
+            raise ValueError("view_submission needs a view with a type")
+        step_save = submitted is not None and submitted.type == "workflow_step"
+        step = self.type == "workflow_step_edit" or step_save
+        if step and "workflow_step" not in self.model_fields_set:
+            raise ValueError("a workflow step's edit or save needs a workflow_step")
         if self.type in _NEEDS_CALLBACK_ID and self.callback_id is None:
             raise ValueError(f"{self.type} needs a callback_id")
         if self.type == "block_suggestion" and self.action_id is None:

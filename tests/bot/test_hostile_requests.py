@@ -95,6 +95,16 @@ VIEW = submission("x", "r")["view"]
 TWO_STAMPS = ("X-Slack-Request-Timestamp", "abc")  # added after the signed one
 TWO_SIGNATURES = ("X-Slack-Signature", "v0=00")
 IGNORED = (200,)
+STEP_EDIT: dict[str, Any] = {"type": "workflow_step_edit", "callback_id": "copy_review"}
+STEP_SAVE: dict[str, Any] = {
+    "type": "view_submission",
+    "view": {"type": "workflow_step", "callback_id": "copy_review"},
+}
+STEP_EXECUTE: dict[str, Any] = {
+    "type": "event_callback",
+    "event": {"type": "workflow_step_execute"},
+}
+STEP = {"workflow_id": "12345", "step_id": "111-222-333-444-555"}
 
 CASES: dict[str, Case] = {
     # Unsigned: refused before parsing, however deep.
@@ -141,6 +151,27 @@ CASES: dict[str, Case] = {
     "view a string": Case(as_form({**submission("x", "r"), "view": "x"}), FORM),
     "response_urls a string": Case(
         as_form({**submission("x", "r"), "response_urls": "x"}), FORM
+    ),
+    # Legacy Steps from Apps bodies, as bolt-python's own tests send them
+    # (tests/slack_bolt_async/logger/test_unmatched_suggestions.py, test_step): Bolt reads
+    # body["workflow_step"] of an edit or save (and body["view"]["type"] of any
+    # submission) for every middleware, present or not.
+    "step edit without its step": Case(as_form(STEP_EDIT), FORM),
+    "step save without its step": Case(as_form(STEP_SAVE), FORM),
+    "step execute without its step": Case(as_json(STEP_EXECUTE), expect=IGNORED),
+    "submission view without a type": Case(
+        as_form({**submission("x", "r"), "view": {k: v for k, v in VIEW.items() if k != "type"}}),
+        FORM,
+    ),
+    "step edit with its step": Case(
+        as_form({**STEP_EDIT, "workflow_step": STEP}), FORM, expect=IGNORED
+    ),
+    "step save with its step": Case(
+        as_form({**STEP_SAVE, "workflow_step": STEP}), FORM, expect=IGNORED
+    ),
+    "step execute with its step": Case(
+        as_json({**STEP_EXECUTE, "event": {**STEP_EXECUTE["event"], "workflow_step": STEP}}),
+        expect=IGNORED,
     ),
     # Headers.
     "two timestamps": Case(as_json(mention()), expect=(400, 401), headers=(TWO_STAMPS,)),

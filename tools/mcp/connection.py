@@ -20,6 +20,11 @@ handler (the stdio transport drops it otherwise, and the request it answered wou
 out its timeout). The request it answers fails at once as a server error; when it names
 no request we can tell, every request waiting on the session fails the same way. Over
 streamable HTTP the SDK itself answers such a response with a parse error.
+
+Log lines name the thread whose call they are about, or none: the worker outlives the
+call that started it, so it starts in a context of its own (it would otherwise keep the
+log fields that call bound, and name that thread in every later line); what goes wrong
+with one request is noted on it and logged by the task that made the request.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class _Request:
     sent: bool = False  # its tools/call message was handed to the transport
     scope: anyio.CancelScope | None = None
     rpc_ids: set[types.RequestId] = field(default_factory=set)  # of the requests it sent
+    warnings: list[tuple[Any, ...]] = field(default_factory=list)  # for the caller to log
+
+    def warn(self, msg: str, *args: Any) -> None:
+        """Note a warning about this request; ``McpConnection.request`` logs it in the
+        caller's task, so it carries the caller's thread."""
+        self.warnings.append((msg, *args))
 
 
 # The request the current task is serving: the SDK writes a request in the task that
@@ -119,6 +130,9 @@ class McpConnection:
             if req.scope is not None:
                 req.scope.cancel()
             raise
+        finally:
+            for warning in req.warnings:
+                log.warning(*warning)
 
     async def close(self) -> None:
         """End every session (and subprocess); safe to call twice."""
@@ -142,7 +156,10 @@ class McpConnection:
     async def _start(self) -> _Worker:
         loop = asyncio.get_running_loop()
         worker = _Worker(queue=asyncio.Queue(), ready=loop.create_future())
-        worker.task = asyncio.create_task(self._run(worker), name=f"mcp:{self.name}")
+        # A fresh context: the worker serves every later caller, not the one starting it.
+        worker.task = asyncio.create_task(
+            self._run(worker), name=f"mcp:{self.name}", context=contextvars.Context()
+        )
         self._workers.add(worker)
         worker.task.add_done_callback(lambda _: self._workers.discard(worker))
         self._current = worker
@@ -268,7 +285,7 @@ class McpConnection:
         except Exception as exc:
             mapped = self._map(exc)
             if isinstance(mapped, McpUnavailable):
-                log.warning("mcp connection lost server=%s reason=%s", self.name, mapped)
+                req.warn("mcp connection lost server=%s reason=%s", self.name, mapped)
                 worker.stop()
                 mapped = self._lost(req, mapped, exc)
             if not req.future.done():
@@ -294,7 +311,7 @@ class McpConnection:
         seen = (
             "did not answer the call in time" if _timed_out(cause) else "went away during the call"
         )
-        log.warning("mcp call outcome unknown server=%s tool=%s reason=%s", name, req.call, detail)
+        req.warn("mcp call outcome unknown server=%s tool=%s reason=%s", name, req.call, detail)
         return OutcomeUnknown(
             f"MCP server {name!r} {seen} ({detail}); whether {req.call} ran is unknown"
         )
