@@ -128,6 +128,33 @@ def test_a_bad_duration_is_one_line_exit_2(sqlite_url: str, tmp_path: Path, valu
     assert len(asyncio.run(remaining(sqlite_url))) == 7
 
 
+@pytest.mark.parametrize("zero", ["0s", "0m", "0h", "0d"])
+def test_a_zero_cutoff_dry_run_lists_every_ended_thread(
+    sqlite_url: str, tmp_path: Path, zero: str
+) -> None:
+    ids = asyncio.run(seed(sqlite_url))
+    proc = run_cli("archive", "--before", zero, "--dry-run", db=sqlite_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    *listed, summary = proc.stdout.splitlines()
+    # The thread that ended 10 days ago too, which 30d and 90d leave.
+    ended = sorted(ids[n] for n in (*ENDED, "recent"))
+    assert sorted(line.split()[0] for line in listed) == ended
+    assert summary.startswith("would archive 4 threads (")
+
+
+def test_a_zero_cutoff_archives_every_ended_thread_up_to_now(db_url: str, tmp_path: Path) -> None:
+    ids = asyncio.run(seed(db_url))
+    out = tmp_path / "all.jsonl"
+    proc = run_cli("archive", "--before", "0s", "--to", str(out), db=db_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("archived 4 threads (") and str(out) in proc.stdout
+    assert {line["thread"]["thread_id"] for line in json_lines(out.read_text())} == {
+        ids[n] for n in (*ENDED, "recent")
+    }
+    # Whatever waits for a person, runs or has not started stays.
+    assert asyncio.run(remaining(db_url)) == {ids[n] for n in ("waiting", "running", "new")}
+
+
 def test_trace_from_a_missing_file_or_thread_is_one_line(tmp_path: Path) -> None:
     proc = run_cli("trace", "--from", str(tmp_path / "no.jsonl"), "thr_x", db=None, cwd=tmp_path)
     assert_one_line_error(proc, "cannot read the archive", "no.jsonl")

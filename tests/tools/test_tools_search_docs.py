@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,63 @@ def test_args_bounds() -> None:
     with pytest.raises(ValueError):
         SearchDocsArgs(query="x", limit=21)
     assert search_docs.input_schema()["required"] == ["query"]
+
+
+def _snippets(root: Path, query: str, limit: int = 20) -> list[str]:
+    return [r["snippet"] for r in docs_module.search(root, query, limit)["results"]]
+
+
+def test_a_snippet_is_whole_sentences_from_the_one_that_matched(tmp_path: Path) -> None:
+    (tmp_path / "ops.md").write_text(
+        "# Ops\n"
+        "\n"
+        "Backups run nightly at two, e.g. for the orders database. A restore takes an\n"
+        "hour. " + "Then the checks run, one per table, and each writes its report. " * 6 + "\n"
+    )
+    [snippet] = _snippets(tmp_path, "restore")
+    # From the sentence of the hit (not the line's start), whole sentences up to the
+    # limit: the cut falls after a full stop, never inside a word.
+    assert snippet.startswith("A restore takes an hour. Then the checks run")
+    assert snippet.endswith("writes its report.") and "…" not in snippet
+    assert len(snippet) <= docs_module.SNIPPET_CHARS
+    # "e.g." and a list's "1." end no sentence.
+    [backups] = _snippets(tmp_path, "nightly")
+    assert backups.startswith("Backups run nightly at two, e.g. for the orders database. A")
+
+
+def test_a_heading_brings_the_whole_sentences_below_it(tmp_path: Path) -> None:
+    (tmp_path / "ops.md").write_text(
+        "## Restarts and crashes\n"
+        "\n"
+        "1. A process that dies loses its threads at once. " + "More words follow here. " * 20
+    )
+    [snippet] = _snippets(tmp_path, "crashes")
+    head, body = snippet.split("\n")
+    assert head == "## Restarts and crashes"
+    assert body.startswith("1. A process that dies loses its threads at once. More")
+    assert body.endswith("here.") and len(snippet) <= docs_module.SNIPPET_CHARS
+
+
+def test_one_sentence_too_long_is_cut_after_a_whole_word(tmp_path: Path) -> None:
+    (tmp_path / "ops.md").write_text("The refund " + "procedure " * 60 + "ends here.\n")
+    [snippet] = _snippets(tmp_path, "refund")
+    assert snippet.endswith(" procedure…") and len(snippet) <= docs_module.SNIPPET_CHARS
+
+
+def test_the_runbook_s_crash_answer_is_the_takeover_sentence_uncut() -> None:
+    """`@opsloop look up crash` against the shipped runbook: whole sentences, and the
+    first says what happens to a dead process's threads."""
+    root = Path(__file__).resolve().parents[2] / "docs"
+    [first, *_] = _snippets(root, "crash")
+    assert first.startswith("## Restarts and crashes\nA process that dies loses its threads")
+    raw = (root / "operations.md").read_text(encoding="utf-8")
+    text, lines = " ".join(raw.split()), {line.strip() for line in raw.splitlines()}
+    for query in ("crash", "rollback quorum", "metrics", "reconcile", "stuck thread"):
+        for snippet in _snippets(root, query):
+            body = " ".join(snippet.splitlines()[-1].split())
+            words = body.removesuffix("…")
+            at = text.index(words)  # the runbook's own text, in one piece
+            after = text[at + len(words) : at + len(words) + 1]
+            assert after in ("", " "), f"cut mid-word: {snippet!r}"
+            if words == body:  # not cut: it ends a sentence, or is a whole line
+                assert re.search(r"[.!?:][)`*\"]*$", body) or body in lines, snippet
