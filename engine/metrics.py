@@ -188,6 +188,31 @@ def store_families(
     return [threads, pending, age]
 
 
+def mcp_families(servers: Iterable[tuple[str, bool, int, int]]) -> list[Metric]:
+    """The serving process's MCP servers, each ``(server, up, tools offered, tools
+    redefined while it ran)``, as this process holds them at the scrape."""
+    up = GaugeMetricFamily(
+        "opsloop_mcp_server_up",
+        "1 when the last exchange with the MCP server worked; 0 while it is down (its "
+        "tools are not offered, and it is retried in the background).",
+        labels=["server"],
+    )
+    tools = GaugeMetricFamily(
+        "opsloop_mcp_tools", "Tools of the MCP server offered to the model.", labels=["server"]
+    )
+    redefined = GaugeMetricFamily(
+        "opsloop_mcp_tools_redefined",
+        "Tools of the MCP server whose definition changed since this process first offered "
+        "them (calls requested under the old one were refused).",
+        labels=["server"],
+    )
+    for server, is_up, offered, changed in servers:
+        up.add_metric([server], 1 if is_up else 0)
+        tools.add_metric([server], offered)
+        redefined.add_metric([server], changed)
+    return [up, tools, redefined]
+
+
 def scrape(families: Iterable[Metric] = ()) -> bytes:
     """The Prometheus text exposition of this process's metrics plus ``families``."""
     extra = CollectorRegistry(auto_describe=False)

@@ -6,7 +6,7 @@ import copy
 import hashlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -41,6 +41,9 @@ class Tool:
     idempotent: bool = True
     # Hints the tool's server gave (MCP annotations); never a policy by themselves.
     annotations: dict[str, Any] = field(default_factory=dict)
+    # Its own name where it comes from (an MCP server's, which ``name`` maps to the model
+    # API's alphabet): what calls it there, and what messages name. "" for @tool.
+    source_name: str = ""
     _schema: dict[str, Any] | None = field(default=None, init=False, repr=False)
     # The definition hash and the (name, description) it was computed for: every call
     # asks for it twice (recorded, then compared before the run).
@@ -120,10 +123,22 @@ def _same_definition(a: Tool, b: Tool) -> bool:
 
 
 class ToolRegistry:
-    """Name -> Tool map; refuses two different tools under one name."""
+    """Name -> Tool map; refuses two different tools under one name.
+
+    A serving process's registry grows and changes while it runs (an MCP server that
+    comes up late, or redefines its tools), on the worker's loop, while the listeners
+    read it on another thread. So every change builds a new map and swaps it in whole
+    (copy on write): a reader works on the one map it took, never on one being changed.
+    ``version`` counts the changes, so a reader can tell cheaply that it should look again.
+    """
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self.version = 0
+
+    def _swap(self, tools: dict[str, Tool]) -> None:
+        self._tools = tools
+        self.version += 1
 
     def register(self, tool: Tool) -> Tool:
         """Add ``tool``; replaces silently only a re-registration of the same function."""
@@ -131,16 +146,34 @@ class ToolRegistry:
             raise ToolDefinitionError(f"can only register Tool objects, got {tool!r}")
         existing = self._tools.get(tool.name)
         if existing is not None and not _same_definition(existing, tool):
-            raise ToolDefinitionError(
-                f"duplicate tool name {tool.name!r}: already registered by "
-                f"{_where(existing)}, now again by {_where(tool)}"
-            )
-        self._tools[tool.name] = tool
+            raise ToolDefinitionError(_duplicate(existing, tool))
+        self._swap({**self._tools, tool.name: tool})
         return tool
+
+    def replace_source(self, source: str, tools: Iterable[Tool]) -> list[tuple[Tool, str]]:
+        """Make ``tools`` all the tools of ``source`` (its others are removed), in one
+        swap. A name another source holds stays theirs: each such tool is left out and
+        returned with why (one line naming both)."""
+        current = self._tools
+        new = {name: t for name, t in current.items() if t.source != source}
+        refused = []
+        for tool in tools:
+            holder = new.get(tool.name)
+            if holder is not None:
+                refused.append((tool, _duplicate(holder, tool)))
+                continue
+            new[tool.name] = tool
+        if new != current:
+            self._swap(new)
+        return refused
 
     def unregister(self, name: str) -> Tool | None:
         """Remove and return the tool called ``name`` (None if absent)."""
-        return self._tools.pop(name, None)
+        tools = dict(self._tools)
+        found = tools.pop(name, None)
+        if found is not None:
+            self._swap(tools)
+        return found
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -150,7 +183,8 @@ class ToolRegistry:
 
     def all(self) -> list[Tool]:
         """All tools sorted by name."""
-        return [self._tools[n] for n in sorted(self._tools)]
+        tools = self._tools  # one map, whatever is swapped in meanwhile
+        return [tools[n] for n in sorted(tools)]
 
     def copy(self) -> ToolRegistry:
         """A new registry holding the same Tool objects."""
@@ -171,7 +205,16 @@ class ToolRegistry:
         return f"ToolRegistry({self.names()!r})"
 
 
+def _duplicate(existing: Tool, tool: Tool) -> str:
+    return (
+        f"duplicate tool name {tool.name!r}: already registered by "
+        f"{_where(existing)}, now again by {_where(tool)}"
+    )
+
+
 def _where(tool: Tool) -> str:
+    if tool.source_name:  # defined from data: a function of ours would name nobody's tool
+        return f"{tool.source} (its tool {tool.source_name!r})"
     mod = getattr(tool.func, "__module__", "?")
     return f"{mod}.{getattr(tool.func, '__qualname__', tool.name)}"
 

@@ -65,11 +65,16 @@ def schema_tool(
     source: str,
     idempotent: bool = False,
     annotations: Mapping[str, Any] | None = None,
+    checks: Mapping[str, Any] | None = None,
+    source_name: str = "",
 ) -> Tool:
     """A :class:`Tool` whose arguments are checked against ``schema``.
 
     ``func(args, ctx)`` receives :class:`SchemaArguments` (``args.as_dict()``).
     Defaults are the safe ones of DESIGN.md: approval before running, non-idempotent.
+    ``checks``: the schema arguments are checked against instead, when the model is
+    shown a simpler one (an MCP server's union, flattened for the model API).
+    ``source_name``: the tool's own name at its source (``Tool.source_name``).
     """
     check_name(name)
     if not description.strip():
@@ -83,11 +88,12 @@ def schema_tool(
         name=name,
         description=description.strip(),
         policy=policy,
-        args_model=_arguments_model(name, input_schema),
+        args_model=_arguments_model(name, dict(checks) if checks is not None else input_schema),
         func=func,
         source=source,
         idempotent=idempotent,
         annotations=dict(annotations or {}),
+        source_name=source_name,
     )
     tool.use_schema(input_schema)
     return tool

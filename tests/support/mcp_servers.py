@@ -2,8 +2,9 @@
 
 Run as a script::
 
-    python tests/support/mcp_servers.py stdio [--long-name]
-    python tests/support/mcp_servers.py http  [--long-name] [--port N]   # prints "PORT <n>" first
+    python tests/support/mcp_servers.py stdio [--long-name] [--odd-names] [--unions] [--live]
+    python tests/support/mcp_servers.py http  [...] [--port N] [--legacy [--session-400]]
+    # (http prints "PORT <n>" first)
 
 The low-level server (not ``MCPServer``) because the tests need what a decorator hides:
 a ``tools/list`` split into pages, and a definition that changes while the server runs
@@ -12,6 +13,26 @@ a ``tools/list`` split into pages, and a definition that changes while the serve
 ``unreadable`` answers with a lone surrogate escape (``\\ud800``): valid JSON that the
 SDK cannot serialise, so the server writes :data:`LONE` and its output is rewritten on
 the wire (stdout, or the HTTP response body) to the escape of the same length.
+
+``refuse`` answers with a JSON-RPC error (not a tool result) of the code asked for:
+-32000 and -32001 are what TypeScript SDK servers answer, and the codes the SDK also
+uses for its own "connection closed" and "request timeout". ``get_env`` and ``header``
+echo what the client configured (an env value, a request header), as a server that
+quotes a token does. ``--odd-names`` adds tool names Anthropic does not take as they are
+(``.``, ``/``, two that map to one name); ``--unions`` adds input schemas with a
+top-level ``anyOf`` / ``oneOf`` / ``allOf``. ``--legacy`` speaks only the handshake-era
+protocol (no ``server/discover``), whose streamable HTTP has sessions, as
+server-everything and TypeScript SDK servers do. ``--session-400`` answers a request on a
+session this process does not know as the TypeScript SDK's README handler does (400,
+-32000), instead of the Python SDK's 404.
+
+``--live`` adds ``change``, which redefines a tool as ``redefine`` does (a new name adds
+a tool) and then says so: ``notifications/tools/list_changed`` on a handshake-era
+session, a ``ToolsListChanged`` event to the ``subscriptions/listen`` streams on a
+2026-07-28 one (served under this flag only). ``--unless FILE`` exits at once, before
+the handshake, while FILE does not exist: a server that is down until the test says.
+``--mark FILE --await OTHER`` creates FILE, then answers nothing until OTHER exists: two
+servers that each await the other's mark come up only when they are started together.
 """
 
 from __future__ import annotations
@@ -20,11 +41,16 @@ import argparse
 import os
 import socket
 import sys
+import time
+from functools import partial
 from typing import Any, TextIO
 
 import anyio
 import mcp_types as types
+from mcp import MCPError
 from mcp.server.lowlevel import Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 PAGE_SIZE = 2  # small, so that the client has to follow next_cursor
 LONG_NAME = "x" * 60  # mcp__demo__ + 60 characters > Anthropic's 64
@@ -43,7 +69,62 @@ _descriptions = {
     "redefine": "Change the description of a tool; an empty description removes it.",
     "unreadable": "Answer with a lone surrogate escape, which the SDK cannot parse.",
     "big": "Answer with a text of the given number of bytes.",
+    "refuse": "Answer with a JSON-RPC error of the given code and message.",
+    "get_env": "The value of one of the server's environment variables.",
+    "header": "The value of one header of the HTTP request that made this call.",
+    "hold": "Wait until release is called.",
+    "holding": "How many calls of hold are waiting.",
+    "release": "End every hold.",
     LONG_NAME: "A tool whose prefixed name is too long.",
+}
+ODD_NAMES = {
+    "files/read": "Read a file (a name with a slash).",
+    "get.status": "The status (a name with a dot).",
+    "get_status": "The status, again: get.status maps onto this name.",
+    "a.b": "One of two names that map to one.",
+    "a/b": "The other of two names that map to one.",
+}
+# The SDK (client and server) takes only an input schema of type object, so each says so
+# beside its top-level union, as the TypeScript SDK's servers send them.
+UNIONS: dict[str, dict[str, Any]] = {
+    # A union of two objects, as zod emits z.union([z.object(...), z.object(...)]).
+    "find": {
+        "type": "object",
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"id": {"type": "string"}, "verbose": {"type": "boolean"}},
+                "required": ["id"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "verbose": {"type": "boolean"}},
+                "required": ["query", "verbose"],
+                "additionalProperties": False,
+            },
+        ],
+        "$schema": "http://json-schema.org/draft-07/schema#",
+    },
+    # An object with "at least one of" as a top-level anyOf of required lists.
+    "update": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "title": {"type": "string"}},
+        "required": ["id"],
+        "oneOf": [{"required": ["title"]}, {"required": ["id"]}],
+    },
+    "merged": {
+        "type": "object",
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]},
+        ],
+    },
+    # One branch is not an object: nothing to flatten.
+    "scalar": {
+        "type": "object",
+        "anyOf": [{"type": "string"}, {"type": "object", "properties": {}}],
+    },
 }
 _schemas: dict[str, dict[str, Any]] = {
     "echo": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
@@ -60,6 +141,14 @@ _schemas: dict[str, dict[str, Any]] = {
         "properties": {"tool": {"type": "string"}, "description": {"type": "string"}},
         "required": ["tool", "description"],
     },
+    "refuse": {
+        "type": "object",
+        "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+        "required": ["code", "message"],
+    },
+    "get_env": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    "header": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    **UNIONS,
 }
 _annotations = {
     "echo": types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
@@ -68,6 +157,8 @@ _annotations = {
 
 
 _removed: set[str] = set()
+_bus = InMemorySubscriptionBus()  # what subscriptions/listen streams hear (--live)
+_held: list[anyio.Event] = []
 _calls = {"bump": 0}
 _crash_on_list = {"armed": False}
 
@@ -76,11 +167,30 @@ def _tool_names(long_name: bool) -> list[str]:
     return [n for n in _descriptions if (long_name or n != LONG_NAME) and n not in _removed]
 
 
+def _describe(*, odd_names: bool, unions: bool) -> None:
+    if odd_names:
+        _descriptions.update(ODD_NAMES)
+    if unions:
+        _descriptions.update({n: f"A tool whose input schema is a union ({n})." for n in UNIONS})
+
+
 def _text(text: str) -> list[types.TextContent]:
     return [types.TextContent(type="text", text=text)]
 
 
-def build_server(*, long_name: bool = False) -> Server[Any]:
+def build_server(
+    *,
+    long_name: bool = False,
+    odd_names: bool = False,
+    unions: bool = False,
+    legacy: bool = False,
+    live: bool = False,
+) -> Server[Any]:
+    _describe(odd_names=odd_names, unions=unions)
+    if live:
+        _descriptions["change"] = "Change the description of a tool, and say so to the client."
+        _schemas["change"] = _schemas["redefine"]
+
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -143,19 +253,70 @@ def build_server(*, long_name: bool = False) -> Server[Any]:
             case "sleep":
                 await anyio.sleep(float(args.get("seconds", 0)))
                 return types.CallToolResult(content=_text("slept"))
-            case "redefine":
+            case "redefine" | "change":
                 if args["description"]:
                     _descriptions[args["tool"]] = args["description"]
+                    _removed.discard(args["tool"])
                 else:
                     _removed.add(args["tool"])
+                if params.name == "change":
+                    await _tell_changed(ctx)
                 return types.CallToolResult(content=_text("redefined"))
             case "unreadable":
                 return types.CallToolResult(content=_text(f"lone {LONE}"))
             case "big":
                 return types.CallToolResult(content=_text("x" * int(args["size"])))
+            case "refuse":
+                raise MCPError(code=int(args["code"]), message=str(args["message"]))
+            case "get_env":
+                value = os.environ.get(args["name"], "")
+                return types.CallToolResult(
+                    content=[
+                        *_text(f"{args['name']}={value}"),
+                        types.ResourceLink(
+                            type="resource_link", uri=f"env:///{args['name']}?{value}", name=value
+                        ),
+                    ],
+                    structured_content={"value": value},
+                )
+            case "hold":
+                _held.append(event := anyio.Event())
+                await event.wait()
+                return types.CallToolResult(content=_text("released"))
+            case "holding":
+                return types.CallToolResult(content=_text(str(len(_held))))
+            case "release":
+                for event in _held:
+                    event.set()
+                _held.clear()
+                return types.CallToolResult(content=_text("released all"))
+            case "header":
+                request = getattr(ctx, "request", None)
+                value = request.headers.get(args["name"], "") if request is not None else ""
+                return types.CallToolResult(content=_text(value), is_error=True)
+        if params.name in ODD_NAMES or params.name in UNIONS or params.name == LONG_NAME:
+            return types.CallToolResult(content=_text(f"{params.name}: {args}"))
         return types.CallToolResult(content=_text(f"no tool {params.name}"), is_error=True)
 
-    return Server("demo", on_list_tools=list_tools, on_call_tool=call_tool)
+    listen = ListenHandler(_bus) if live else None
+    server = Server(
+        "demo", on_list_tools=list_tools, on_call_tool=call_tool, on_subscriptions_listen=listen
+    )
+    if legacy:
+
+        async def no_discover(ctx: Any, params: types.RequestParams) -> types.DiscoverResult:
+            raise MCPError(code=types.METHOD_NOT_FOUND, message="Method not found")
+
+        server.add_request_handler("server/discover", types.RequestParams, no_discover)
+    return server
+
+
+async def _tell_changed(ctx: Any) -> None:
+    """The tool list changed: as the era of the session says it."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await _bus.publish(ToolsListChanged())
+    else:
+        await ctx.session.send_tool_list_changed()
 
 
 class _Unreadable:
@@ -194,7 +355,37 @@ async def _serve_stdio(server: Server[Any]) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def _serve_http(server: Server[Any], port: int) -> None:
+def _ts_session_errors(app: Any) -> Any:
+    """ASGI middleware answering a request on a session this process never opened as
+    the TypeScript SDK's README handler does: 400 with JSON-RPC error -32000."""
+    opened: set[str] = set()
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        headers = dict(scope.get("headers") or [])
+        asked = headers.get(b"mcp-session-id")
+        if scope["type"] == "http" and asked is not None and asked not in opened:
+            body = (
+                b'{"jsonrpc":"2.0","error":{"code":-32000,'
+                b'"message":"Bad Request: No valid session ID provided"},"id":null}'
+            )
+            start = {"type": "http.response.start", "status": 400}
+            await send({**start, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def noting(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"mcp-session-id":
+                        opened.add(value)
+            await send(message)
+
+        await app(scope, receive, noting)
+
+    return wrapped
+
+
+async def _serve_http(server: Server[Any], port: int, *, session_400: bool = False) -> None:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -206,6 +397,8 @@ async def _serve_http(server: Server[Any], port: int) -> None:
     sock.listen(64)  # before "PORT": a client connecting right away waits in the backlog
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     app = _unreadable_bodies(server.streamable_http_app(host="127.0.0.1"))
+    if session_400:
+        app = _ts_session_errors(app)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])
 
@@ -214,13 +407,33 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--long-name", action="store_true")
+    parser.add_argument("--odd-names", action="store_true")
+    parser.add_argument("--unions", action="store_true")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--legacy", action="store_true")
+    parser.add_argument("--session-400", action="store_true")
+    parser.add_argument("--live", action="store_true")
+    parser.add_argument("--unless", metavar="FILE")
+    parser.add_argument("--mark", metavar="FILE")
+    parser.add_argument("--await", dest="awaited", metavar="FILE")
     opts = parser.parse_args()
-    server = build_server(long_name=opts.long_name)
+    if opts.unless and not os.path.exists(opts.unless):
+        sys.exit(1)
+    if opts.mark:
+        open(opts.mark, "w").close()
+    while opts.awaited and not os.path.exists(opts.awaited):
+        time.sleep(0.02)  # before the handshake: the client waits for its answer
+    server = build_server(
+        long_name=opts.long_name,
+        odd_names=opts.odd_names,
+        unions=opts.unions,
+        legacy=opts.legacy,
+        live=opts.live,
+    )
     if opts.transport == "stdio":
         anyio.run(_serve_stdio, server)
     else:
-        anyio.run(_serve_http, server, opts.port)
+        anyio.run(partial(_serve_http, server, opts.port, session_400=opts.session_400))
     # The session is over (stdin closed): skip the interpreter's teardown of the SDK's
     # imports, over a second on a loaded machine, which the client would wait out.
     sys.stdout.flush()

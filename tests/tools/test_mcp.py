@@ -28,6 +28,7 @@ from tools.mcp import (
     current_definitions,
     definition_hash,
 )
+from tools.mcp.config import registered_name
 from tools.output import MAX_RESULT_BYTES
 
 pytestmark = pytest.mark.slow
@@ -46,6 +47,12 @@ ALL = [
     "redefine",
     "unreadable",
     "big",
+    "refuse",
+    "get_env",
+    "header",
+    "hold",
+    "holding",
+    "release",
 ]
 
 
@@ -57,6 +64,7 @@ def stdio(*flags: str, **kw: object) -> McpServerConfig:
 class HttpServer:
     port: int
     proc: subprocess.Popen[str] | None = None
+    flags: tuple[str, ...] = ()  # of tests/support/mcp_servers.py
 
     @property
     def url(self) -> str:
@@ -64,7 +72,7 @@ class HttpServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, SCRIPT, "http", "--port", str(self.port)],
+            [sys.executable, SCRIPT, "http", "--port", str(self.port), *self.flags],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -126,7 +134,7 @@ async def opened(src: McpSource) -> dict[str, Tool]:
 
 async def test_stdio_lists_every_page_and_calls_a_tool(source):
     tools = await opened(source)
-    assert sorted(tools) == sorted(ALL)  # 12 tools arrive in pages of 2
+    assert sorted(tools) == sorted(ALL)  # 18 tools arrive in pages of 2
     echo = tools["echo"]
     assert echo.name == "mcp__demo__echo"
     assert echo.source == "mcp:demo"
@@ -243,22 +251,28 @@ async def test_an_allowlisted_tool_the_server_lacks_stops_startup_with_one_line(
     assert server_children() == []
 
 
-async def test_a_name_too_long_for_anthropic_stops_startup_with_one_line():
+async def test_a_name_too_long_for_anthropic_is_cut_with_a_hash_and_called_by_its_own():
+    # Issue 16 §6: it stopped startup. Now cut to 64 with a digest of the server's name.
     src = McpSource("demo", stdio("--long-name"))
-    with pytest.raises(McpLoadError) as caught:
-        await src.open()
-    message = str(caught.value)
-    assert "\n" not in message
-    assert "'demo'" in message and repr(LONG_NAME) in message and "64" in message
-    assert caught.value.module == "mcp:demo"
-    assert server_children() == []
+    try:
+        tools = {t.source_name: t for t in await src.open()}
+        long = tools[LONG_NAME]
+        digest = hashlib.sha256(LONG_NAME.encode()).hexdigest()[:8]
+        assert long.name == f"mcp__demo__{LONG_NAME}"[:55] + "_" + digest
+        assert len(long.name) == 64
+        assert await run(long, {}) == {"text": f"{LONG_NAME}: {{}}"}  # called by its own
+        assert (await current_definitions(src))[long.name] == long.definition_hash
+    finally:
+        await src.close()
 
 
 async def test_an_unreachable_server_stops_startup_with_one_line_and_no_secret():
-    src = McpSource(
-        "kube",
-        McpServerConfig(command="/nonexistent/bin/s3cret-kube", env={"TOKEN": "s3cret-kube"}),
+    # The token came from ${KUBE_TOKEN}: a secret, wherever it shows up.
+    server = McpServerConfig.model_validate(
+        {"command": "/nonexistent/bin/s3cret-kube", "env": {"TOKEN": "s3cret-kube"}},
+        context={"substituted": {"s3cret-kube": "${KUBE_TOKEN}"}},
     )
+    src = McpSource("kube", server)
     with pytest.raises(McpLoadError) as caught:
         await src.open()
     message = str(caught.value)
@@ -411,15 +425,16 @@ def test_the_config_keeps_secrets_out_of_its_repr_and_needs_one_transport():
         McpServerConfig(url="http://x/mcp", command="srv")
 
 
-@pytest.mark.parametrize("name", ["bad name", "", "s" * 57])
+@pytest.mark.parametrize("name", ["bad name", "", "s" * 41])
 def test_a_source_refuses_a_bad_server_name_in_one_line(name):
     # The rule the file's reader applies (tools.mcp.config.server_name); never a bare
     # ValueError and a traceback.
     with pytest.raises(McpLoadError) as caught:
         McpSource(name, McpServerConfig(command="srv"))
-    assert str(caught.value).startswith(f"tools.mcp.{name}: a server name is 1-56 letters")
+    assert str(caught.value).startswith(f"tools.mcp.{name}: a server name is 1-40 letters")
 
 
-def test_a_server_name_of_56_leaves_a_tool_a_one_character_name():
-    assert McpSource("s" * 56, McpServerConfig(command="srv")).name == "mcp:" + "s" * 56
-    assert len(f"mcp__{'s' * 56}__t") == 64
+def test_a_server_name_of_40_leaves_a_long_tool_8_characters_of_its_name():
+    assert McpSource("s" * 40, McpServerConfig(command="srv")).name == "mcp:" + "s" * 40
+    name = registered_name("s" * 40, "trigger-long-running-operation")
+    assert len(name) == 64 and name.startswith(f"mcp__{'s' * 40}__trigger-_")

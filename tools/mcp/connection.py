@@ -14,12 +14,35 @@ server may have run it, so that failure is ``OutcomeUnknown`` and a person decid
 The transport's write stream is wrapped to note, per request, that the call went out
 and under which JSON-RPC ids.
 
+Whether a failed request is lost or refused depends on where its error came from, not
+on its code: the SDK raises ``MCPError`` both for an error response of the server and
+for what it makes up itself (its dispatcher's "Connection closed" and "Request ...
+timed out", and the HTTP transport's stand-ins for an SSE stream that ended without an
+answer), and the codes overlap (-32000 and -32001 are also what TypeScript SDK servers
+answer). So the wire is watched: over stdio, the error responses the read stream
+delivers; over streamable HTTP, the JSON-RPC errors in the bodies the server sent
+(``_AnswerNotingBody``). Only an error no server sent, of the SDK's lost kinds, means
+the connection was lost; any other is the server refusing that one request, and the
+session and every other request on it go on.
+
+A streamable-HTTP request on an existing session answered with a 4xx (the server
+restarted and forgot the session id: 404 from Python SDK servers, 400 from TypeScript
+ones) drops the session; when no ``tools/call`` went out it is retried once on a new one.
+
 A message the SDK cannot parse (a lone surrogate escape, which its JSON parser refuses;
 a line that is not JSON) reaches us only as an exception on the session's message
 handler (the stdio transport drops it otherwise, and the request it answered would wait
 out its timeout). The request it answers fails at once as a server error; when it names
 no request we can tell, every request waiting on the session fails the same way. Over
 streamable HTTP the SDK itself answers such a response with a parse error.
+
+A serving source learns that the server's tools may have changed
+(``on_tools_changed``): from a ``notifications/tools/list_changed`` on a handshake-era
+session, or from a ``subscriptions/listen`` stream the worker keeps open on a 2026-07-28
+one whose server says it announces changes (reopened with backoff when it drops, and
+counted as a change then: what happened meanwhile was not heard). ``on_session_ended``
+says a session ended by itself (the server exited, restarted, or went away): its tools
+may differ on the next one. ``up`` is whether the last exchange with the server worked.
 
 Log lines name the thread whose call they are about, or none: the worker outlives the
 call that started it, so it starts in a context of its own (it would otherwise keep the
@@ -36,6 +59,7 @@ import json
 import logging
 import re
 import sys
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -47,6 +71,7 @@ import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from tools.errors import OutcomeUnknown, ToolError
@@ -62,6 +87,7 @@ Op = Callable[[Client], Awaitable[Any]]
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 _CLOSE_TIMEOUT_S = 10.0  # stdio shutdown alone may take 2 s grace + 2 s SIGTERM + 2 s SIGKILL
 _CLIENT_INFO = types.Implementation(name="opsloop", version="1")
+_LISTEN_BACKOFF_S = (1.0, 60.0)  # a dropped change stream is reopened after 1, 2, 4… 60 s
 
 
 @dataclass(eq=False)
@@ -73,6 +99,10 @@ class _Request:
     scope: anyio.CancelScope | None = None
     rpc_ids: set[types.RequestId] = field(default_factory=set)  # of the requests it sent
     warnings: list[tuple[Any, ...]] = field(default_factory=list)  # for the caller to log
+    # (code, message) of each JSON-RPC error response the server itself sent it.
+    answers: set[tuple[int, str]] = field(default_factory=set)
+    stale_session: int | None = None  # the HTTP 4xx status a request on a session got
+    retry: bool = True  # may it run again on a new session when its session is gone?
 
     def warn(self, msg: str, *args: Any) -> None:
         """Note a warning about this request; ``McpConnection.request`` logs it in the
@@ -93,11 +123,25 @@ class _Worker:
     ready: asyncio.Future[None]
     task: asyncio.Task[None] | None = None
     broken: bool = False
+    draining: bool = False  # retired: the requests it has are let finish, not cancelled
     inflight: set[_Request] = field(default_factory=set)
+    listening: anyio.CancelScope | None = None  # of its change stream, when it keeps one
 
     def stop(self) -> None:
-        self.broken = True
+        """End the session now, cancelling what runs on it."""
+        self.broken, self.draining = True, False
         self.queue.put_nowait(None)
+
+    def retire(self) -> None:
+        """Take no new requests; end once the ones it has are done (they may still
+        finish: a session the server forgot fails them by itself, and they retry)."""
+        self.broken, self.draining = True, True
+        if not self.inflight:
+            self.queue.put_nowait(None)
+
+
+class _SessionGone(McpUnavailable):
+    """The server no longer knows the session; nothing of the request ran."""
 
 
 class McpConnection:
@@ -113,15 +157,28 @@ class McpConnection:
         self._workers: set[_Worker] = set()
         self._lock = asyncio.Lock()
         self._closed = False
+        self.up = False  # did the last exchange with the server work?
+        self.down_reason = "not connected yet"
+        # Set by a serving source (see the module docstring); called on the worker's loop.
+        self.on_tools_changed: Callable[[], None] | None = None
+        self.on_session_ended: Callable[[], None] | None = None
 
     async def request(self, op: Op, *, call: str | None = None) -> Any:
         """Run ``op(client)`` on the session (connecting first when there is none).
 
         ``call`` names the server tool when ``op`` runs it: a failure after its
         ``tools/call`` went out is then ``OutcomeUnknown``, not ``McpUnavailable``.
+        A request the server answered with "no such session" before any ``tools/call``
+        went out runs once more, on a new session.
         """
+        try:
+            return await self._request(op, call, retry=True)
+        except _SessionGone:
+            return await self._request(op, call, retry=False)
+
+    async def _request(self, op: Op, call: str | None, *, retry: bool) -> Any:
         worker = await self._connected()
-        req = _Request(op, asyncio.get_running_loop().create_future(), call=call)
+        req = _Request(op, asyncio.get_running_loop().create_future(), call=call, retry=retry)
         worker.queue.put_nowait(req)
         try:
             return await req.future
@@ -139,7 +196,7 @@ class McpConnection:
         self._closed = True
         workers, self._workers, self._current = list(self._workers), set(), None
         for worker in workers:
-            if not worker.broken:
+            if not worker.broken or worker.draining:
                 worker.stop()
         for worker in workers:
             await self._join(worker)
@@ -170,10 +227,14 @@ class McpConnection:
             worker.broken = True
             worker.task.cancel()
             await self._join(worker)
-            raise McpUnavailable(
-                f"MCP server {self.name!r} did not answer within {self.connect_timeout_s:g}s"
-            ) from None
+            text = f"MCP server {self.name!r} did not answer within {self.connect_timeout_s:g}s"
+            self.mark_down(text)
+            raise McpUnavailable(text) from None
         return worker
+
+    def mark_down(self, reason: str) -> None:
+        """The server is down (so ``/metrics`` says), for ``reason``."""
+        self.up, self.down_reason = False, reason
 
     async def _join(self, worker: _Worker) -> None:
         assert worker.task is not None
@@ -195,18 +256,29 @@ class McpConnection:
             async with AsyncExitStack() as stack:
                 client = await self._enter(stack, worker)
                 worker.ready.set_result(None)
+                self.up = True
                 async with anyio.create_task_group() as tg:
+                    if self.on_tools_changed is not None and _announces_changes(client):
+                        tg.start_soon(self._listen, worker, client)
                     while (req := await worker.queue.get()) is not None:
                         tg.start_soon(self._serve, worker, client, req)
-                    tg.cancel_scope.cancel()
+                    if not worker.draining:
+                        tg.cancel_scope.cancel()
+                    elif worker.listening is not None:
+                        worker.listening.cancel()  # the stream never ends by itself
         except Exception as exc:  # the boundary: whatever the SDK raised ends this session
             error = exc
         finally:
             worker.broken = True
             reason = self._describe(error) if error is not None else "the session was closed"
+            opened = worker.ready.done()  # else whoever waits to connect says why not
             if error is not None:
-                log.warning("mcp session ended server=%s reason=%s", self.name, reason)
-            if not worker.ready.done():
+                if opened:
+                    log.warning("mcp session ended server=%s reason=%s", self.name, reason)
+                self.mark_down(reason)
+            if opened and not self._closed and self.on_session_ended is not None:
+                self.on_session_ended()
+            if not opened:
                 worker.ready.set_exception(McpUnavailable(reason))
             pending = list(worker.inflight)
             while not worker.queue.empty():
@@ -220,28 +292,60 @@ class McpConnection:
         server = self.server
         if server.url is not None:
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=server.plain_headers(), timeout=_HTTP_TIMEOUT)
+                httpx2.AsyncClient(
+                    headers=server.plain_headers(),
+                    timeout=_HTTP_TIMEOUT,
+                    event_hooks={"response": [_watch_response]},
+                )
             )
-            transport: Any = streamable_http_client(server.url, http_client=http)
+            transport: Any = _watched(streamable_http_client(server.url, http_client=http))
         else:
             assert server.command is not None
             params = StdioServerParameters(
                 command=server.command, args=list(server.args), env=server.plain_env() or None
             )
-            transport = stdio_client(params, errlog=_errlog())
+            # Everything the stdio read stream delivers was written by the server.
+            transport = _watched(stdio_client(params, errlog=_errlog()), worker)
 
         async def on_message(message: Any) -> None:
             if isinstance(message, Exception):  # what the transport could not parse
                 self._unreadable(worker, message)
+            elif isinstance(message, types.ToolListChangedNotification):  # handshake era
+                self._tools_changed()
 
         # No response cache: a definition check must see the server's tools as they are now.
         client = Client(
-            _noting_calls_sent(transport),
+            transport,
             cache=None,
             client_info=_CLIENT_INFO,
             message_handler=on_message,
         )
         return await stack.enter_async_context(client)
+
+    def _tools_changed(self) -> None:
+        if self.on_tools_changed is not None:
+            self.on_tools_changed()
+
+    async def _listen(self, worker: _Worker, client: Client) -> None:
+        """Hear the server's tool list changes on a 2026-07-28 session, for as long as
+        the session lasts: a stream that drops is reopened after a backoff, and its
+        reopening counts as a change (events are not replayed)."""
+        delay, reopened = _LISTEN_BACKOFF_S[0], False
+        with anyio.CancelScope() as worker.listening:
+            while True:
+                try:
+                    async with client.listen(tools_list_changed=True) as stream:
+                        if reopened:
+                            self._tools_changed()
+                        async for _ in stream:
+                            self._tools_changed()
+                        delay = _LISTEN_BACKOFF_S[0]  # ended by the server, gracefully
+                except Exception as exc:  # the stream only speeds things up: calls still check
+                    reason = self._describe(exc)
+                    log.info("mcp change stream lost server=%s reason=%s", self.name, reason)
+                reopened = True
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _LISTEN_BACKOFF_S[1])
 
     def _unreadable(self, worker: _Worker, exc: Exception) -> None:
         """Fail the request(s) a message the SDK could not parse may have answered."""
@@ -283,21 +387,45 @@ class McpConnection:
                 if not req.future.done():
                     req.future.set_result(result)
         except Exception as exc:
-            mapped = self._map(exc)
-            if isinstance(mapped, McpUnavailable):
-                req.warn("mcp connection lost server=%s reason=%s", self.name, mapped)
-                worker.stop()
-                mapped = self._lost(req, mapped, exc)
+            if req.stale_session is not None:
+                mapped = self._session_gone(worker, req, exc)
+            else:
+                mapped = self._map(exc, req)
+                if isinstance(mapped, McpUnavailable):
+                    req.warn("mcp connection lost server=%s reason=%s", self.name, mapped)
+                    self.mark_down(str(mapped))
+                    worker.stop()
+                    mapped = self._lost(req, mapped, exc)
             if not req.future.done():
                 req.future.set_exception(mapped)
         finally:
             worker.inflight.discard(req)
+            if worker.broken and not worker.inflight:
+                worker.queue.put_nowait(None)  # a retired session ends with its last request
             if not req.future.done():
                 # Cancelled by the session ending under it: mark the worker broken now,
                 # before the caller can hand the same dying session its next request.
                 worker.broken = True
                 lost = McpUnavailable(f"MCP server {self.name!r}: the connection was lost")
                 req.future.set_exception(self._lost(req, lost, None))
+
+    def _session_gone(self, worker: _Worker, req: _Request, exc: Exception) -> ToolError:
+        """A 4xx on an existing session: the server forgot it (a restart). The session
+        is dropped; the request is retried once on a new one when nothing was run."""
+        worker.retire()
+        status = req.stale_session
+        if req.call is not None and req.sent:
+            # A 4xx answer says the request was not taken: the call did not run.
+            req.warn("mcp session refused server=%s status=%s", self.name, status)
+            text = self.server.redact(" ".join(str(exc).split()) or type(exc).__name__)
+            return McpUnavailable(
+                f"MCP server {self.name!r} refused the session (HTTP {status}: {text}); "
+                f"{req.call} was not run"
+            )
+        if req.retry:
+            req.warn("mcp session gone server=%s status=%s; retrying", self.name, status)
+            return _SessionGone(f"MCP server {self.name!r} no longer knows the session")
+        return self._map(exc, req)
 
     def _lost(
         self, req: _Request, unavailable: McpUnavailable, cause: BaseException | None
@@ -316,16 +444,20 @@ class McpConnection:
             f"MCP server {name!r} {seen} ({detail}); whether {req.call} ran is unknown"
         )
 
-    def _map(self, exc: Exception) -> ToolError:
+    def _map(self, exc: Exception, req: _Request | None = None) -> ToolError:
         name = self.name
         if isinstance(exc, ToolError):
             return exc
         if isinstance(exc, MCPError):
-            if exc.code == PARSE_ERROR and exc.message.startswith("Failed to parse"):
+            answered = req is not None and (exc.code, exc.message) in req.answers
+            made_up = not answered and exc.message.startswith("Failed to parse")
+            if exc.code == PARSE_ERROR and made_up:
                 # The SDK's own stand-in for an answer it could not parse (HTTP transport).
                 return self._unreadable_error(_parse_failure(exc.message))
-            lost = exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT) or (
-                exc.code == INVALID_REQUEST and "terminated" in str(exc).lower()
+            # Lost: the SDK's own failures (see the module docstring), never an answer.
+            lost = not answered and (
+                exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
+                or (exc.code == INVALID_REQUEST and "terminated" in str(exc).lower())
             )
             text = self.server.redact(" ".join(str(exc).split()))
             if lost:
@@ -342,6 +474,17 @@ class McpConnection:
         return f"MCP server {self.name!r}: {self.server.redact(text)}"
 
 
+def _announces_changes(client: Client) -> bool:
+    """Does this 2026-07-28 session's server announce tool list changes (then they come
+    on a ``subscriptions/listen`` stream; a handshake-era server just sends them)?"""
+    tools = client.server_capabilities.tools
+    return (
+        client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        and tools is not None
+        and bool(tools.list_changed)
+    )
+
+
 def _timed_out(cause: BaseException | None) -> bool:
     leaf = _leaf(cause) if cause is not None else None
     if isinstance(leaf, MCPError):
@@ -352,6 +495,106 @@ def _timed_out(cause: BaseException | None) -> bool:
 def _is_tool_call(item: Any) -> bool:
     message = getattr(item, "message", None)
     return isinstance(message, types.JSONRPCRequest) and message.method == "tools/call"
+
+
+async def _watch_response(response: httpx2.Response) -> None:
+    """httpx response hook, run in the task that sent the request: the transport posts
+    each message in its sender's context, so ``_serving`` names our request."""
+    req = _serving.get()
+    if req is None:  # the standalone GET stream, the closing DELETE
+        return
+    if 400 <= response.status_code < 500 and response.request.headers.get("mcp-session-id"):
+        req.stale_session = response.status_code
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("application/json", "text/event-stream"):
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        response.stream = _AnswerNotingBody(
+            response.stream, req, sse=kind == "text/event-stream", encoding=encoding
+        )
+
+
+_MAX_NOTED = 1024 * 1024  # an error response is small; a body past this is not read for one
+
+
+class _AnswerNotingBody(httpx2.AsyncByteStream):
+    """A response body passed on unchanged, noting on ``req`` each JSON-RPC error
+    response the server wrote in it (a JSON body, or the events of an SSE stream)."""
+
+    def __init__(self, inner: Any, req: _Request, *, sse: bool, encoding: str) -> None:
+        self._inner = inner
+        self._req = req
+        self._sse = sse
+        self._pending = bytearray()  # the body (JSON), or the line being read (SSE)
+        self._long = False  # the pending line went past _MAX_NOTED: not kept
+        self._data: list[bytes] = []
+        self._size = 0
+        self._inflate = None if encoding == "identity" else _inflater(encoding)
+        self._readable = encoding == "identity" or self._inflate is not None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._feed(chunk)
+            yield chunk
+        if self._readable and not self._sse:
+            self._note(bytes(self._pending))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def _feed(self, chunk: bytes) -> None:
+        if not self._readable:
+            return
+        try:
+            data = self._inflate.decompress(chunk) if self._inflate is not None else chunk
+        except zlib.error:
+            self._readable = False
+            return
+        if not self._sse:
+            self._pending += data
+            self._readable = len(self._pending) <= _MAX_NOTED
+            return
+        while (cut := data.find(b"\n")) >= 0:
+            self._keep(data[:cut])
+            self._line(bytes(self._pending).rstrip(b"\r"), self._long)
+            self._pending.clear()
+            self._long, data = False, data[cut + 1 :]
+        self._keep(data)
+
+    def _keep(self, part: bytes) -> None:
+        room = _MAX_NOTED - len(self._pending)
+        if len(part) > room:  # keep its start (the field name), note it is too long
+            self._long, part = True, part[: max(room, 0)]
+        self._pending += part
+
+    def _line(self, line: bytes, long: bool) -> None:
+        if not line and not long:  # the end of an event
+            if self._size <= _MAX_NOTED and self._data:
+                self._note(b"\n".join(self._data))
+            self._data, self._size = [], 0
+        elif line.startswith(b"data:"):
+            value = line[5:].removeprefix(b" ")
+            self._size += _MAX_NOTED + 1 if long else len(value)
+            if self._size <= _MAX_NOTED:
+                self._data.append(value)
+
+    def _note(self, body: bytes) -> None:
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return
+        error = message.get("error") if isinstance(message, dict) else None
+        if isinstance(error, dict):
+            code, text = error.get("code"), error.get("message")
+            if isinstance(code, int) and isinstance(text, str):
+                self._req.answers.add((code, text))
+
+
+def _inflater(encoding: str) -> Any:
+    """A decompressor for a gzip or deflate body; None for one we cannot read (its
+    errors are then not noted: they count as the SDK's own)."""
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(zlib.MAX_WBITS | 32)  # either header
+    return None
 
 
 class _CallNotingStream:
@@ -390,10 +633,52 @@ class _CallNotingStream:
         return getattr(self._inner, name)
 
 
+class _AnswerNotingStream:
+    """The stdio transport's read stream; notes each error response on the request
+    that sent its id (everything on it was written by the server)."""
+
+    def __init__(self, inner: Any, worker: _Worker) -> None:
+        self._inner = inner
+        self._worker = worker
+
+    def _note(self, item: Any) -> Any:
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCError) and message.id is not None:
+            rid = str(message.id)
+            for req in self._worker.inflight:
+                if any(str(i) == rid for i in req.rpc_ids):
+                    req.answers.add((message.error.code, message.error.message))
+        return item
+
+    def __aiter__(self) -> _AnswerNotingStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return self._note(await self._inner.__anext__())
+
+    async def receive(self) -> Any:
+        return self._note(await self._inner.receive())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _AnswerNotingStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 @asynccontextmanager
-async def _noting_calls_sent(transport: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def _watched(transport: Any, worker: _Worker | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    """The transport's streams, watched: calls sent; over stdio (``worker``), answers."""
     async with transport as (read_stream, write_stream):
-        yield read_stream, _CallNotingStream(write_stream)
+        reading = read_stream if worker is None else _AnswerNotingStream(read_stream, worker)
+        yield reading, _CallNotingStream(write_stream)
 
 
 def _read_leniently(exc: Exception) -> Any:

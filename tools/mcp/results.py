@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -9,18 +10,26 @@ import mcp_types as types
 from tools.errors import ToolError
 
 
-def tool_output(result: types.CallToolResult) -> dict[str, Any]:
+def tool_output(
+    result: types.CallToolResult, redact: Callable[[str], str] = lambda text: text
+) -> dict[str, Any]:
     """``{"text": …, "structured": …, "attachments": […]}`` with the keys that apply.
 
     Text blocks are joined; structured content is kept as sent; images, audio and
     resources are summarised (kind, type, size, uri), never inlined: base64 in the
-    model's context costs tokens and tells it nothing.
+    model's context costs tokens and tells it nothing. Every string of it goes through
+    ``redact`` first (the server's configured secrets: a server may echo its token),
+    since what is returned is stored, shown to the model and posted to Slack.
 
     Raises ToolError with the server's text when the result is an error (``isError``).
     """
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     if result.is_error:
-        raise ToolError("\n".join(texts).strip() or "the MCP tool reported an error")
+        raise ToolError(redact("\n".join(texts).strip()) or "the MCP tool reported an error")
+    return _redacted(_output(result, texts), redact)
+
+
+def _output(result: types.CallToolResult, texts: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if texts:
         out["text"] = "\n".join(texts)
@@ -32,6 +41,16 @@ def tool_output(result: types.CallToolResult) -> dict[str, Any]:
     if attachments:
         out["attachments"] = attachments
     return out
+
+
+def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): _redacted(v, redact) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v, redact) for v in value]
+    return value
 
 
 def _summary(block: Any) -> dict[str, Any]:

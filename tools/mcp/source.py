@@ -7,25 +7,45 @@ that swaps a tool's description or schema after approval does not get the call.
 
 A failure of that check, or of connecting, is ``McpUnavailable`` (retryable: nothing
 ran); a failure once the ``tools/call`` went out is ``OutcomeUnknown`` (see connection.py).
+
+What the model API would refuse is fixed or left out at load, never sent: a tool name
+is mapped to its alphabet (``config.registered_name``; the server is called by its own
+name), a top-level union in an input schema is flattened for the model while arguments
+are still checked against the server's schema (``input_schema``). A tool that cannot be
+offered (a schema that is not about objects, a name two of its tools map to) is left
+out with one warning line, and ``left_out`` says which for ``doctor``.
+
+Definitions are live in a serving process (``connect`` then ``serve``, see keeper.py): a
+server down at startup is served without, and its tools join when it comes up; a
+changed definition (``notifications/tools/list_changed``, or a difference the pre-call
+check sees) replaces its Tool in the registry, so the next decision is offered it, while
+a call requested under the old one is still refused (the runner compares the hash it
+recorded with the registry's, and this source with the server's). Tools the server adds
+join; tools it removes leave.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 from mcp import Client
 
-from tools._checks import NAME_RE
 from tools.errors import ToolDefinitionError, ToolError
-from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, server_name
+from tools.mcp import keeper
+from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, registered_name, server_name
 from tools.mcp.connection import McpConnection
 from tools.mcp.errors import DefinitionChanged, McpLoadError, McpUnavailable
+from tools.mcp.input_schema import COMBINATORS, Unfit, fit_for_the_model
 from tools.mcp.results import tool_output
-from tools.registry import Tool
+from tools.registry import Tool, ToolRegistry
 from tools.schema_tool import SchemaArguments, schema_tool
+
+log = logging.getLogger(__name__)
 
 _MAX_PAGES = 100  # a paginator that never ends cannot hang startup or a call
 
@@ -37,8 +57,10 @@ class _Definition:
     remote: str
     name: str
     description: str
-    schema: dict[str, Any]
+    schema: dict[str, Any]  # as the model is shown it
     annotations: dict[str, Any]
+    checks: dict[str, Any] | None = None  # the server's own, when the model is shown another
+    unfit: str | None = None  # why the model API would refuse its schema: left out
 
     @property
     def hash(self) -> str:
@@ -70,89 +92,219 @@ class McpSource:
         self.name = f"mcp:{name}"
         self.key = f"tools.mcp.{name}"
         self._conn = McpConnection(name, server, connect_timeout_s=connect_timeout_s)
-        self._loaded: dict[str, _Definition] = {}  # by the server's tool name
+        # What is offered, by the server's tool name: its definition, and its Tool.
+        self._loaded: dict[str, _Definition] = {}
+        self._tools: dict[str, Tool] = {}
+        self._first: dict[str, str] = {}  # registered name -> hash when first offered
+        self._refreshing = asyncio.Lock()  # one listing applied at a time, in order
+        self.left_out: list[str] = []  # one line per tool not offered, and why
+        self.registry: ToolRegistry | None = None  # serving: where its tools are kept
+        self._keeper: keeper.Keeper | None = None
 
     async def open(self) -> list[Tool]:
         """Connect, list every page, build the Tools; one-line McpLoadError otherwise."""
         try:
             async with asyncio.timeout(self.connect_timeout_s * 2):
                 listed = await self._list()
-            tools = self._build(listed)
+            self._check_allowlist(listed)
+            self._apply(listed)
         except BaseException as exc:
             await self._conn.close()
-            if isinstance(exc, McpLoadError):
+            error = self.load_error(exc)
+            if error is exc:
                 raise
-            if isinstance(exc, McpUnavailable | TimeoutError):
-                raise self._load_error(f"unreachable at startup: {self._detail(exc)}") from exc
-            if isinstance(exc, ToolError):
-                raise self._load_error(f"cannot list its tools: {self._detail(exc)}") from exc
-            raise
-        return tools
+            raise error from exc
+        return list(self._tools.values())
+
+    async def connect(self) -> None:
+        """``serve``, first step: connect and list (bounded by the connect time); a server
+        that cannot is noted, never raised (its tools join later). Sources connect at
+        once; ``serve`` then takes their tools in the file's order."""
+        self._keeper = keeper.Keeper(self, self._conn)
+        await self._keeper.connect()
+
+    def serve(self, registry: ToolRegistry) -> None:
+        """``serve``, second step: offer the listed tools in ``registry`` (or say in one
+        warning line that the server is down) and keep them as the server defines them,
+        in the background, for as long as the source is open."""
+        assert self._keeper is not None, "connect() first"
+        self.registry = registry
+        self._keeper.start()
 
     async def close(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.stop()
         await self._conn.close()
+
+    async def refresh(self) -> None:
+        """List the server's tools now and offer them as they are (bounded by the
+        connect time): a changed definition replaces its Tool, new tools join, removed
+        ones leave. ``ToolError`` (``McpUnavailable`` when it is down) or ``TimeoutError``."""
+        async with self._refreshing:
+            async with asyncio.timeout(self.connect_timeout_s * 2):
+                listed = await self._list()
+            self._apply(listed)
+
+    @property
+    def up(self) -> bool:
+        """Did the last exchange with the server work?"""
+        return self._conn.up
+
+    @property
+    def down_reason(self) -> str:
+        return self._conn.down_reason
+
+    @property
+    def offered(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def redefined(self) -> list[str]:
+        """The registered names whose definition changed since this process first
+        offered them (the server redefined them while it ran)."""
+        return sorted(d.name for d in self._loaded.values() if self._first.get(d.name) != d.hash)
+
+    def load_error(self, exc: BaseException) -> BaseException:
+        """``exc`` (from connecting or listing) as the one-line ``McpLoadError`` it means;
+        any other exception as it is."""
+        if isinstance(exc, McpLoadError):
+            return exc
+        if isinstance(exc, McpUnavailable | TimeoutError):
+            return self._load_error(f"unreachable at startup: {self._detail(exc)}")
+        if isinstance(exc, ToolError):
+            return self._load_error(f"cannot list its tools: {self._detail(exc)}")
+        return exc
 
     async def current_definitions(self) -> dict[str, str]:
         """``{registered name: definition hash}`` as the server defines its tools now."""
-        return {
-            d.name: d.hash for d in map(self._definition, await self._list()) if self._wanted(d)
-        }
+        offered, _ = self._select(await self._list())
+        return {d.name: d.hash for d in offered}
 
-    def _build(self, listed: list[types.Tool]) -> list[Tool]:
-        by_name = {t.name: t for t in listed}
-        if self.server.tools is not None:
-            missing = [n for n in self.server.tools if n not in by_name]
-            if missing:
-                names = ", ".join(repr(n) for n in missing)
-                raise self._load_error(f"has no tool {names} (named in its tools allowlist)")
-        tools = []
-        for remote in by_name.values():
-            definition = self._definition(remote)
-            if not self._wanted(definition):
-                continue
-            if not NAME_RE.fullmatch(definition.name):
-                raise self._load_error(
-                    f"tool {remote.name!r} gives the name {definition.name!r}, which breaks "
-                    "Anthropic's rule (1-64 characters of a-z A-Z 0-9 _ -)"
+    def _check_allowlist(self, listed: list[types.Tool]) -> None:
+        missing = self._missing(listed)
+        if missing:
+            text = ", ".join(repr(n) for n in missing)
+            raise self._load_error(f"has no tool {text} (named in its tools allowlist)")
+
+    def _missing(self, listed: list[types.Tool]) -> list[str]:
+        names = {t.name for t in listed}
+        return [n for n in self.server.tools or () if n not in names]
+
+    def _apply(self, listed: list[types.Tool]) -> None:
+        """Offer what ``listed`` defines: an unchanged definition keeps its Tool (and its
+        hash), a changed one gets a new Tool, and the registry (when serving) gets them
+        all in one swap. A name another source holds is left out, with one line."""
+        offered, left_out = self._select(listed)
+        left_out += [(n, "named in its tools allowlist, not listed") for n in self._missing(listed)]
+        tools: dict[str, Tool] = {}
+        loaded: dict[str, _Definition] = {}
+        for d in offered:
+            before = self._loaded.get(d.remote)
+            same = before is not None and before.hash == d.hash
+            tool = self._tools.get(d.remote) if same else None
+            if tool is None:
+                try:
+                    tool = self._tool(d)
+                except ToolDefinitionError as exc:  # a schema opsloop cannot run safely
+                    left_out.append((d.remote, str(exc)))
+                    continue
+            tools[d.remote], loaded[d.remote] = tool, d
+        if self.registry is not None:
+            for tool, why in self.registry.replace_source(self.name, tools.values()):
+                left_out.append((tool.source_name, why))
+                del tools[tool.source_name], loaded[tool.source_name]
+        self._log_changes(loaded)
+        self._loaded, self._tools = loaded, tools
+        for d in loaded.values():
+            self._first.setdefault(d.name, d.hash)
+        before_left_out, self.left_out = set(self.left_out), []
+        for remote, reason in left_out:
+            line = f"{remote!r}: {self.server.redact(reason)}"
+            if line not in before_left_out:  # once, not at every refresh
+                log.warning(
+                    "mcp tool left out server=%s tool=%s reason=%s",
+                    self.server_name,
+                    remote,
+                    self.server.redact(reason),
                 )
-            tools.append(self._tool(definition))
-            self._loaded[remote.name] = definition
-        return tools
+            self.left_out.append(line)
+
+    def _log_changes(self, loaded: dict[str, _Definition]) -> None:
+        old = self._loaded
+        if not old:
+            return  # the first listing: nothing changed
+        added = sorted(d.name for r, d in loaded.items() if r not in old)
+        removed = sorted(d.name for r, d in old.items() if r not in loaded)
+        changed = sorted(d.name for r, d in loaded.items() if r in old and old[r].hash != d.hash)
+        if added or removed or changed:
+            log.info(
+                "mcp tools changed server=%s added=%s changed=%s removed=%s",
+                self.server_name,
+                ",".join(added) or "-",
+                ",".join(changed) or "-",
+                ",".join(removed) or "-",
+            )
+
+    def _select(self, listed: list[types.Tool]) -> tuple[list[_Definition], list[tuple[str, str]]]:
+        """The wanted tools the model can be offered, and (tool, why) for each other one.
+
+        Two tools whose names map to one registered name: the one named so by the server
+        keeps it (a name that needs no mapping never changes), the others are left out."""
+        by_remote = {t.name: self._definition(t) for t in listed}  # the last of a name
+        wanted = [d for d in by_remote.values() if self._wanted(d)]
+        left_out = [(d.remote, d.unfit) for d in wanted if d.unfit is not None]
+        fit = [d for d in wanted if d.unfit is None]
+        sharing: defaultdict[str, list[_Definition]] = defaultdict(list)
+        for d in fit:
+            sharing[d.name].append(d)
+        offered = []
+        for d in fit:
+            others = [o.remote for o in sharing[d.name] if o is not d]
+            if not others or d.name == f"mcp__{self.server_name}__{d.remote}":
+                offered.append(d)
+                continue
+            names = " and ".join(repr(n) for n in sorted([d.remote, *others]))
+            verb = "both map" if len(others) == 1 else "all map"
+            left_out.append((d.remote, f"tools {names} {verb} to the name {d.name!r}"))
+        return offered, left_out
 
     def _tool(self, d: _Definition) -> Tool:
-        remote = d.remote
-
         async def call_mcp_tool(args: SchemaArguments, ctx: Any) -> dict[str, Any]:
-            return await self._call(remote, args.as_dict(), ctx)
+            return await self._call(d, args.as_dict(), ctx)
 
-        try:
-            return schema_tool(
-                name=d.name,
-                description=d.description,
-                schema=d.schema,
-                func=call_mcp_tool,
-                policy="approve_before_run",
-                source=self.name,
-                idempotent=False,
-                annotations=d.annotations,
-            )
-        except ToolDefinitionError as exc:
-            raise self._load_error(f"tool {remote!r}: {exc}") from exc
+        return schema_tool(
+            name=d.name,
+            description=d.description,
+            schema=d.schema,
+            func=call_mcp_tool,
+            policy="approve_before_run",
+            source=self.name,
+            idempotent=False,
+            annotations=d.annotations,
+            checks=d.checks,
+            source_name=d.remote,
+        )
 
-    async def _call(self, remote: str, arguments: dict[str, Any], ctx: Any) -> dict[str, Any]:
-        loaded = self._loaded[remote]
-        pinned = getattr(ctx, "definition_hash", None) or loaded.hash
+    async def _call(self, d: _Definition, arguments: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        """Run the tool ``d`` defines, if the server still defines it as the call was
+        requested (``ctx.definition_hash``; else as ``d``)."""
+        remote = d.remote
+        pinned = getattr(ctx, "definition_hash", None) or d.hash
         current = next((t for t in await self._list(until=remote) if t.name == remote), None)
-        if current is None:
+        now = self._definition(current) if current is not None else None
+        offered = self._loaded.get(remote)
+        if now is None or offered is None or now.hash != offered.hash:
+            # What is offered is not what the server defines: offer that from now on
+            # (the next decision sees it); this call stays refused below if it differs.
+            await self._refresh_quietly()
+        if now is None:
             raise DefinitionChanged(
-                f"{loaded.name} is no longer offered by MCP server {self.server_name!r} "
+                f"{d.name} is no longer offered by MCP server {self.server_name!r} "
                 "since the call was approved; it was not run"
             )
-        now = self._definition(current)
         if now.hash != pinned:
             raise DefinitionChanged(
-                f"the definition of {loaded.name} changed since the call was approved "
-                f"({_what_changed(loaded, now, pinned)}); it was not run"
+                f"the definition of {d.name} changed since the call was approved "
+                f"({_what_changed(d, now, pinned)}); it was not run"
             )
 
         async def call(client: Client) -> types.CallToolResult:
@@ -160,7 +312,15 @@ class McpSource:
                 remote, arguments, read_timeout_seconds=self.call_timeout_s
             )
 
-        return tool_output(await self._conn.request(call, call=remote))
+        return tool_output(await self._conn.request(call, call=remote), self.server.redact)
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except (ToolError, TimeoutError) as exc:  # the call's own answer says enough
+            log.warning(
+                "mcp tools not refreshed server=%s reason=%s", self.server_name, self._detail(exc)
+            )
 
     async def _list(self, *, until: str | None = None) -> list[types.Tool]:
         """A fresh ``tools/list``, page after page (up to the page naming ``until``)."""
@@ -185,12 +345,20 @@ class McpSource:
             if remote.annotations
             else {}
         )
+        raw = remote.input_schema
+        try:
+            schema, unfit = fit_for_the_model(raw), None
+        except Unfit as exc:
+            schema, unfit = object_schema(raw), str(exc)
+        flattened = unfit is None and any(word in raw for word in COMBINATORS)
         return _Definition(
             remote=remote.name,
-            name=f"mcp__{self.server_name}__{remote.name}",
+            name=registered_name(self.server_name, remote.name),
             description=description or f"Tool {remote.name} of the MCP server {self.server_name}.",
-            schema=object_schema(remote.input_schema),
+            schema=schema,
             annotations={k: v for k, v in hints.items() if k.endswith("Hint")},
+            checks=dict(raw) if flattened else None,
+            unfit=unfit,
         )
 
     def _wanted(self, d: _Definition) -> bool:
