@@ -16,6 +16,22 @@ matched to its thread (by thread ts, card ts or tag, never by order):
    the log and ``POST /hooks/{wait_id}`` is sent: webhook → resume (the next model
    request); the model answers, the thread is idle.
 
+Then alerts: ``POST /alerts/alertmanager`` (Alertmanager's webhook JSON, one new alert
+each, bearer token; ``alerts.alertmanager`` in an ``opsloop.yaml`` of the bench's) →
+the thread's first model request: alert → first model request (target p50 < 200 ms on
+both backends: a triage summary is due in the channel within 90 s of the page, and the
+model's own time must be all of it).
+
+Then GitHub Actions runs (``integrations.github`` against a fake GitHub in the bench's
+own process, ``poll_every`` ``POLL_EVERY_S``; a rule lets ``github_dispatch_workflow``
+dispatch without a card, ``wait_for_external_event``): the model dispatches a workflow
+and the thread waits on its run; once the wait is in the log the fake completes the
+run, and run finished → the thread's next model request is timed two ways: by a signed
+``workflow_run`` webhook to ``POST /hooks/github`` (from the moment it is sent; target
+p50 < 100 ms) and by polling alone (from the moment the run completed, at a random
+phase of the polls; target: p99 within one ``poll_every``, plus the 100 ms a resume
+may take).
+
 Then SIGKILL → resume: a few threads are mentioned to one process and held inside their
 model call; that process is SIGKILLed and a replacement started on the same database;
 the figure is from the replacement being healthy (first 200 of ``/healthz``) to each
@@ -37,6 +53,7 @@ import contextlib
 import contextvars
 import json
 import multiprocessing
+import random
 import re
 import statistics
 import sys
@@ -62,6 +79,9 @@ from bot.render.common import parse_binding  # noqa: E402
 from engine import events as ev  # noqa: E402
 from engine.store import Store, ThreadKey, open_store  # noqa: E402
 from tests.fakes.anthropic import FakeAnthropic, Reply  # noqa: E402
+from tests.fakes.github import TOKEN as GITHUB_TOKEN  # noqa: E402
+from tests.fakes.github import WEBHOOK_SECRET as GITHUB_SECRET  # noqa: E402
+from tests.fakes.github import FakeGitHub, delivery  # noqa: E402
 from tests.fakes.slack import (  # noqa: E402
     BOT_USER_ID,
     TEAM_ID,
@@ -76,6 +96,15 @@ REVIEWER = "U0BENCHREV"
 QUESTION = "Which region?"
 TARGET_P50_MS = 100.0
 TARGET_RESUME_MS = 2000.0
+TARGET_ALERT_P50_MS = 200.0
+ALERT = "alert_to_model_request"
+ALERT_TOKEN = "bench-alertmanager-token"
+# Run finished → the thread's next model request, woken by GitHub's webhook or by a poll.
+RUN_WEBHOOK = "run_finished_to_model_request_webhook"
+RUN_POLLING = "run_finished_to_model_request_polling"
+CI_REPO = "acme/api"
+POLL_EVERY_S = 2.0  # integrations.github.poll_every of the bench (GitHub's default: 15 s)
+TARGET_POLL_MS = POLL_EVERY_S * 1000 + TARGET_P50_MS  # one poll_every, plus a resume
 FIVE = (
     "mention_to_first_post",
     "click_to_card_updated",
@@ -118,6 +147,13 @@ class Backend:
     def tag(self, i: int) -> str:
         return f"{self.name[:2]}{i}"
 
+    def ci_root(self, i: int, via: str) -> str:
+        """Root ts of CI thread ``i`` (``via`` webhook | polling), apart from the others."""
+        return f"{self.first_ts + (10_000 if via == 'webhook' else 20_000) + i}.000100"
+
+    def ci_tag(self, i: int, via: str) -> str:
+        return f"{'g' if via == 'webhook' else 'h'}{self.tag(i)}"
+
 
 BACKENDS = (
     Backend("sqlite", "C0LATSQL", 1_700_100_000, 1),
@@ -157,6 +193,14 @@ def model_reply(tag: str, stage: int, nth: int) -> Reply:
         return (
             Reply.text("held", delay=HOLD_S) if nth == 1 else Reply.text("Resumed after the crash.")
         )
+    if tag.startswith("a"):  # an alert's thread: the model summarises at once
+        return Reply.text(f"Looked at the alert, tag {tag}.")
+    if tag.startswith(("g", "h")):  # a CI thread: dispatch, then report the run
+        if stage == 0:
+            inputs = {"environment": tag}
+            call = {"repo": CI_REPO, "workflow": "deploy.yml", "ref": "main", "inputs": inputs}
+            return Reply.tool_use("github_dispatch_workflow", call, text="Dispatching.")
+        return Reply.text(f"The run finished, tag {tag}.")
     script = [
         Reply.tool_use("bench_deploy", {"tag": tag}, text="Deploying."),
         Reply.tool_use("request_clarification", {"question": QUESTION}),
@@ -296,7 +340,9 @@ def _get(source: multiprocessing.Queue, timeout: float) -> dict[str, Any] | None
 @dataclass
 class Samples:
     ms: dict[str, list[float]] = field(
-        default_factory=lambda: {k: [] for k in (*FIVE, SIGKILL, KILLED)}
+        default_factory=lambda: {
+            k: [] for k in (*FIVE, ALERT, RUN_WEBHOOK, RUN_POLLING, SIGKILL, KILLED)
+        }
     )
 
     def add(self, key: str, start: float, end: float) -> None:
@@ -312,6 +358,7 @@ class Bench:
     http: aiohttp.ClientSession
     front: Replica  # gets the mentions
     back: Replica  # gets clicks, replies and webhooks (the other replica on PostgreSQL)
+    github: FakeGitHub
     samples: Samples = field(default_factory=Samples)
 
     async def flow(self, i: int, keep: bool) -> None:
@@ -390,6 +437,80 @@ class Bench:
             self.samples.add("click_to_tool_started", t_click, started)
             self.samples.add("reply_to_model_request", t_reply, asked.t)
             self.samples.add("webhook_to_resume", t_hook, resumed.t)
+
+    async def alert_flow(self, i: int, keep: bool) -> None:
+        """A new Alertmanager alert → the first model request of the thread it opens."""
+        s, tag = self.stamps, f"a{self.backend.tag(i)}"
+        t_alert = time.time()
+        await post_alert(self.http, self.front, alertmanager_body(tag))
+        asked = await s.first(
+            lambda x: x.kind == "model" and x.tag == tag and x.t >= t_alert,
+            f"{tag}: the model asked about the alert",
+        )
+        await s.first(
+            lambda x: x.kind == "post" and f"tag {tag}." in x.text, f"{tag}: the summary posted"
+        )
+        if keep:
+            self.samples.add(ALERT, t_alert, asked.t)
+
+    async def ci_flow(self, i: int, via: str, keep: bool) -> None:
+        """The model dispatches a workflow; once the thread waits on its run, the run
+        completes and the webhook says so (``via`` webhook), or a poll finds it (polling):
+        run finished → the thread's next model request."""
+        b, s = self.backend, self.stamps
+        tag, root = b.ci_tag(i, via), b.ci_root(i, via)
+        mention = app_mention_event(
+            user=REQUESTER,
+            text=ci_text(tag),
+            channel=b.channel,
+            ts=root,
+            event_id=f"Ev{uuid.uuid4().hex[:12]}",
+        )
+        await post_slack(self.http, self.front, mention)
+        await self.github.wait_for(
+            lambda c: (
+                c.path.endswith("/dispatches")
+                and (c.body or {}).get("inputs", {}).get("environment") == tag
+            ),
+            timeout=30,
+        )
+        run = next(r for r in self.github.runs.values() if r.inputs.get("environment") == tag)
+        thread_id = await self.waiting(root, tag)
+        await asyncio.sleep(SETTLE_S)
+        if via == "webhook":
+            self.github.complete(run.id)
+            t_done = time.time()
+            await post_github_hook(self.http, self.back, self.github.workflow_run_event(run.id))
+        else:
+            # The run ends at a random moment between two polls, as a real one would.
+            await asyncio.sleep(random.uniform(0, POLL_EVERY_S))
+            self.github.complete(run.id)
+            t_done = time.time()
+        asked = await s.first(
+            lambda x: x.kind == "model" and x.tag == tag and x.stage == 1 and x.t >= t_done,
+            f"{tag}: the model asked after the run finished",
+        )
+        await s.first(lambda x: post_in(x, root, f"tag {tag}."), f"{tag}: the answer posted")
+        events = await self.store.select_events(thread_id)
+        [finished] = [e for e in events if isinstance(e, ev.WaitFinished)]
+        expected = "github" if via == "webhook" else "tool"  # the hook's actor, or the poll's
+        if finished.actor != expected:
+            raise RuntimeError(f"{tag}: the wait was ended by {finished.actor}, not {expected}")
+        if keep:
+            self.samples.add(RUN_WEBHOOK if via == "webhook" else RUN_POLLING, t_done, asked.t)
+
+    async def waiting(self, root: str, tag: str, within: float = 30) -> str:
+        """The thread at ``root`` once its wait on the run is in the log."""
+        key = ThreadKey(TEAM_ID, self.backend.channel, root)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            thread_id = await self.store.find_thread(key)
+            if thread_id is not None:
+                events = await self.store.select_events(thread_id)
+                if any(isinstance(e, ev.WaitStarted) for e in events):
+                    return thread_id
+            await asyncio.sleep(0.02)
+        raise RuntimeError(f"{tag}: no wait on the run within {within:.0f} s")
 
     def tool_stamp(self, tag: str) -> float:
         rows = [json.loads(line) for line in self.effects.read_text().splitlines()]
@@ -481,22 +602,93 @@ class Bench:
         return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def alertmanager_body(tag: str) -> dict[str, Any]:
+    """What Alertmanager posts for one new firing alert (webhook version 4)."""
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "BenchAlert", "severity": "page", "tag": tag},
+        "annotations": {"summary": f"bench alert tag={tag}"},
+        "startsAt": "2025-01-06T09:00:00.000Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus:9090/graph?g0.expr=bench",
+        "fingerprint": f"bench-{tag}-{uuid.uuid4().hex[:8]}",
+    }
+    return {
+        "version": "4",
+        "status": "firing",
+        "receiver": "opsloop",
+        "groupKey": f'{{}}:{{alertname="BenchAlert",tag="{tag}"}}',
+        "truncatedAlerts": 0,
+        "groupLabels": {"alertname": "BenchAlert"},
+        "commonLabels": alert["labels"],
+        "commonAnnotations": alert["annotations"],
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [alert],
+    }
+
+
+def ci_text(tag: str) -> str:
+    return f"<@{BOT_USER_ID}> ship it through CI tag={tag}"
+
+
+async def post_github_hook(
+    http: aiohttp.ClientSession, replica: Replica, payload: dict[str, Any]
+) -> None:
+    """A ``workflow_run`` delivery, signed as GitHub signs it; it must end the wait."""
+    body, headers = delivery(payload, secret=GITHUB_SECRET)
+    async with http.post(f"{replica.base}/hooks/github", data=body, headers=headers) as resp:
+        text = await resp.text()
+        if resp.status != 200 or not json.loads(text).get("finished"):
+            raise RuntimeError(f"{replica.name} answered {resp.status} to the run's hook: {text}")
+
+
+async def post_alert(http: aiohttp.ClientSession, replica: Replica, body: dict[str, Any]) -> None:
+    headers = {"Authorization": f"Bearer {ALERT_TOKEN}", "Content-Type": "application/json"}
+    url = f"{replica.base}/alerts/alertmanager"
+    async with http.post(url, data=json.dumps(body).encode(), headers=headers) as resp:
+        text = await resp.text()
+        if resp.status != 200:
+            raise RuntimeError(f"{replica.name} answered {resp.status} to the alert: {text}")
+
+
 def post_in(stamp: Stamp, root: str, text: str) -> bool:
     return stamp.kind == "post" and stamp.thread_ts == root and text in stamp.text
 
 
+def bench_config(backend: Backend, github_url: str) -> str:
+    """The bench's opsloop.yaml: Alertmanager's alerts, and the fake GitHub whose
+    dispatches need no approval (the flows above time approvals already)."""
+    return (
+        f"alerts:\n  alertmanager:\n    channel: {backend.channel}A\n    token: {ALERT_TOKEN}\n"
+        "integrations:\n  github:\n"
+        f"    token: {GITHUB_TOKEN}\n    api_url: {github_url}\n    repos: [{CI_REPO}]\n"
+        f"    webhook_secret: {GITHUB_SECRET}\n    poll_every: {POLL_EVERY_S:g}s\n"
+        # No card: it dispatches and waits at once (run_now would refuse to wait).
+        "policy:\n  - tool: github_dispatch_workflow\n    policy: wait_for_external_event\n"
+    )
+
+
 async def run_backend(
-    backend: Backend, db_url: str, plan: Plan, stamps: Stamps, urls: tuple[str, str], tmp: Path
+    backend: Backend,
+    db_url: str,
+    plan: Plan,
+    stamps: Stamps,
+    urls: tuple[str, str],
+    tmp: Path,
+    github: FakeGitHub,
 ) -> dict[str, Any]:
     slack_url, claude_url = urls
     effects = tmp / f"{backend.name}-effects.jsonl"
     effects.touch()
+    config = tmp / f"{backend.name}-opsloop.yaml"
+    config.write_text(bench_config(backend, github.url))
     env = serve_env(
         db_url,
         slack_url,
         claude_url,
         OPSLOOP_TOOLS="bench._latency_tools",
         BENCH_LATENCY_EFFECTS=str(effects),
+        OPSLOOP_CONFIG=str(config),
     )
     store = await open_store(db_url)  # the tables exist before two replicas start at once
     replicas: list[Replica] = []
@@ -505,11 +697,18 @@ async def run_backend(
         replicas += [Replica(name, env, tmp) for name in names]
         await asyncio.gather(*(r.start() for r in replicas))
         async with aiohttp.ClientSession() as http:
-            bench = Bench(backend, store, stamps, effects, http, replicas[0], replicas[-1])
+            bench = Bench(backend, store, stamps, effects, http, replicas[0], replicas[-1], github)
             try:
                 for i in range(plan.warmup + plan.flows):
                     await bench.flow(i, keep=i >= plan.warmup)
                 log(f"{backend.name}: {plan.flows} flows timed")
+                for i in range(plan.warmup + plan.flows):
+                    await bench.alert_flow(i, keep=i >= plan.warmup)
+                log(f"{backend.name}: {plan.flows} alerts timed")
+                for via in ("webhook", "polling"):
+                    for i in range(plan.warmup + plan.flows):
+                        await bench.ci_flow(i, via, keep=i >= plan.warmup)
+                    log(f"{backend.name}: {plan.flows} workflow runs timed ({via})")
                 first_kill = plan.warmup + plan.flows
                 await bench.kill_and_resume(replicas, plan.kill_threads, first_kill, tmp)
             except BaseException:
@@ -575,6 +774,9 @@ def verdict(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
     checks = {f"postgresql_{k}_p50": pg[k]["p50_ms"] < TARGET_P50_MS for k in FIVE} if pg else {}
     for name, row in results.items():
         checks[f"{name}_{SIGKILL}_p99"] = row[SIGKILL]["p99_ms"] < TARGET_RESUME_MS
+        checks[f"{name}_{ALERT}_p50"] = row[ALERT]["p50_ms"] < TARGET_ALERT_P50_MS
+        checks[f"{name}_{RUN_WEBHOOK}_p50"] = row[RUN_WEBHOOK]["p50_ms"] < TARGET_P50_MS
+        checks[f"{name}_{RUN_POLLING}_p99"] = row[RUN_POLLING]["p99_ms"] < TARGET_POLL_MS
     return checks
 
 
@@ -585,6 +787,12 @@ async def main(quick: bool, only: str | None = None, logs: Path | None = None) -
     flows = plan.warmup + plan.flows
     roots = [
         (b.channel, mention_text(b, i, flows), b.root(i)) for b in BACKENDS for i in range(count)
+    ]
+    roots += [
+        (b.channel, ci_text(b.ci_tag(i, via)), b.ci_root(i, via))
+        for b in BACKENDS
+        for via in ("webhook", "polling")
+        for i in range(flows)
     ]
     spawn = multiprocessing.get_context("spawn")
     urls_q: multiprocessing.Queue = spawn.Queue()
@@ -597,15 +805,25 @@ async def main(quick: bool, only: str | None = None, logs: Path | None = None) -
     results: dict[str, dict[str, Any]] = {}
     try:
         urls = await fakes_urls(fakes, urls_q)
-        with tempfile.TemporaryDirectory(prefix="opsloop-latency-") as tmp:
-            sqlite, pg = BACKENDS
-            where = logs or Path(tmp)  # the processes' logs (and the tool's stamps)
-            if only in (None, "sqlite"):
-                db = f"sqlite:///{Path(tmp) / 'latency.db'}"
-                results["sqlite"] = await run_backend(sqlite, db, plan, stamps, urls, where)
-            if only in (None, "postgresql"):
-                async with pg_schema(PG_URL) as url:
-                    results["postgresql"] = await run_backend(pg, url, plan, stamps, urls, where)
+        # GitHub runs in this process: the bench completes its runs and sends their hooks.
+        github = FakeGitHub(repos=(CI_REPO,))
+        github.workflows[CI_REPO] = []
+        inputs = {"environment", "opsloop_key"}
+        github.add_workflow(CI_REPO, "deploy.yml", inputs=inputs, run_name="{opsloop_key}")
+        async with github:
+            with tempfile.TemporaryDirectory(prefix="opsloop-latency-") as tmp:
+                sqlite, pg = BACKENDS
+                where = logs or Path(tmp)  # the processes' logs (and the tool's stamps)
+                if only in (None, "sqlite"):
+                    db = f"sqlite:///{Path(tmp) / 'latency.db'}"
+                    results["sqlite"] = await run_backend(
+                        sqlite, db, plan, stamps, urls, where, github
+                    )
+                if only in (None, "postgresql"):
+                    async with pg_schema(PG_URL) as url:
+                        results["postgresql"] = await run_backend(
+                            pg, url, plan, stamps, urls, where, github
+                        )
     finally:
         stamps.closed = True
         await pump
@@ -625,7 +843,11 @@ async def main(quick: bool, only: str | None = None, logs: Path | None = None) -
         "targets": {
             "postgresql_first_five_p50_ms<": TARGET_P50_MS,
             f"{SIGKILL}_p99_ms<": TARGET_RESUME_MS,
+            f"{ALERT}_p50_ms<": TARGET_ALERT_P50_MS,
+            f"{RUN_WEBHOOK}_p50_ms<": TARGET_P50_MS,
+            f"{RUN_POLLING}_p99_ms<": TARGET_POLL_MS,
         },
+        "poll_every_s": POLL_EVERY_S,
         "checks": checks,
         "pass": all(checks.values()),
     }

@@ -16,9 +16,14 @@ two on one port, so local mode runs the production code paths, only Slack is rep
     live            live updates for the page (server-sent events)
     ui              the page's JSON API
     demo            local mode's own opsloop.yaml and the platform API its action calls
+    github          a fake GitHub REST API (Actions runs, jobs, logs, issues) and its webhooks
+    pagerduty       a fake PagerDuty REST API (on-calls, users, incidents, notes)
+    integrations    both on the page's port for local mode's opsloop.yaml, and the alert
+                    the page fires (a signed POST /alerts/generic)
+    loopback        how those fakes listen on a port of their own (the tests' way)
     server          the assembly: the workspace, its credentials, its routes, its link
     static/         the page: vanilla HTML, CSS and JavaScript, no build step
 
 The test suite's fake Slack (``tests/fakes/slack.py``) is the same Web API and the same
-payload builders, with controls for tests on top.
+payload builders, with controls for tests on top; its fake GitHub and PagerDuty are these.
 """

@@ -1,9 +1,11 @@
 """What ``opsloop local`` brings of its own: its opsloop.yaml and the platform API it calls.
 
 :func:`demo_config` reads ``localslack/opsloop.yaml`` (the service catalog MCP server,
-the ``restart_service`` HTTP action, the rules) with the values only local mode knows:
-this interpreter, the catalog's file beside the workspace's, and the page's URL. Local
-mode uses it unless ``OPSLOOP_CONFIG`` or ``./opsloop.yaml`` names another file.
+the ``restart_service`` HTTP action, the local GitHub and PagerDuty, the page's alerts,
+the rules) with the values only local mode knows: this interpreter, the catalog's file
+beside the workspace's, the page's URL and the local fakes' credentials
+(:mod:`localslack.integrations`). Local mode uses it unless ``OPSLOOP_CONFIG`` or
+``./opsloop.yaml`` names another file.
 
 :class:`DemoPlatform` is the endpoint that action calls, served on the page's own
 port: ``POST /demo/api/services/{service}/restart``. It counts every request and
@@ -22,6 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from engine.config_file import ConfigFile, parse_config
+from localslack.integrations import config_values
 
 DEMO_CONFIG = Path(__file__).with_name("opsloop.yaml")
 SERVICES = ("api", "web", "worker")
@@ -35,14 +38,21 @@ def catalog_path(workspace_file: Path) -> Path:
     return workspace_file.with_name(workspace_file.stem + ".catalog.json")
 
 
-def demo_config(url: str, workspace_file: Path, *, python: str = sys.executable) -> ConfigFile:
-    """The bundled configuration, for the page at ``url`` (``http://host:port/``)."""
-    values = {
+def local_values(url: str, workspace_file: Path, *, python: str = sys.executable) -> dict[str, str]:
+    """The ``${OPSLOOP_LOCAL_*}`` values of a local run with the page at ``url``
+    (``http://host:port/``) and its workspace in ``workspace_file``."""
+    return {
         "OPSLOOP_LOCAL_PYTHON": python,
         "OPSLOOP_LOCAL_CATALOG": str(catalog_path(workspace_file)),
         "OPSLOOP_LOCAL_URL": url,
         "OPSLOOP_LOCAL_HOST": urlsplit(url).hostname or "127.0.0.1",
+        **config_values(),
     }
+
+
+def demo_config(url: str, workspace_file: Path, *, python: str = sys.executable) -> ConfigFile:
+    """The bundled configuration, for the page at ``url`` (``http://host:port/``)."""
+    values = local_values(url, workspace_file, python=python)
     return parse_config(DEMO_CONFIG.read_text(encoding="utf-8"), values, str(DEMO_CONFIG))
 
 

@@ -42,6 +42,11 @@ class Person:
     role: str
     color: str
 
+    @property
+    def email(self) -> str:
+        """Their address, as Slack's profile and the local PagerDuty both have it."""
+        return f"{self.name}@{EMAIL_DOMAIN}"
+
 
 @dataclass(frozen=True)
 class Channel:
@@ -74,10 +79,11 @@ LOCAL = Identity(
     verification_token="local-verification-token",
 )
 
+EMAIL_DOMAIN = "opsloop-local.example"  # a reserved name: no mail leaves this machine
 PEOPLE = (
     Person("U0ALICE", "alice", "Alice Martin", "asks for things", "#2f7d4f"),
-    Person("U0BOB", "bob", "Bob Chen", "reviews and approves", "#1d5fa8"),
-    Person("U0CAROL", "carol", "Carol Diaz", "on call", "#8a3fa0"),
+    Person("U0BOB", "bob", "Bob Chen", "reviews; on call in PagerDuty", "#1d5fa8"),
+    Person("U0CAROL", "carol", "Carol Diaz", "reviews and approves", "#8a3fa0"),
 )
 REVIEWERS_GROUP = "S0REVIEWERS"  # OPSLOOP_APPROVERS=S0REVIEWERS: bob decides
 USERGROUPS = {REVIEWERS_GROUP: ["U0BOB"]}
@@ -100,10 +106,20 @@ CHANNELS = default_channels()
 
 
 def user_record(
-    identity: Identity, user_id: str, name: str, real_name: str | None = None, **fields: Any
+    identity: Identity,
+    user_id: str,
+    name: str,
+    real_name: str | None = None,
+    *,
+    email: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """A user object as ``users.info`` answers it."""
+    """A user object as ``users.info`` answers it (``email`` in its profile, as Slack
+    shows it to an app with ``users:read.email``)."""
     real = real_name or name.title()
+    profile: dict[str, Any] = {"real_name": real, "display_name": name, "team": identity.team_id}
+    if email:
+        profile["email"] = email
     return {
         "id": user_id,
         "team_id": identity.team_id,
@@ -113,7 +129,7 @@ def user_record(
         "tz": "Europe/Paris",
         "tz_label": "Central European Time",
         "tz_offset": 3600,
-        "profile": {"real_name": real, "display_name": name, "team": identity.team_id},
+        "profile": profile,
         "is_admin": False,
         "is_owner": False,
         "is_bot": False,

@@ -2,10 +2,12 @@
 
 :class:`LocalSlack` is to an app what a Slack workspace is, and no more: it makes up the
 bot token and the signing secret (as installing an app does), serves the Web API the app
-calls (``/api/{method}``), the page people use (``/``, ``/static/…``, ``/ui/…``) and the
-platform API the bundled HTTP action calls, and sends the app's request URL what people
-do, signed. It reaches the app only over HTTP; which app that is, and the port both
-share, is the caller's business (``bot/local_mode.py`` for ``opsloop local``).
+calls (``/api/{method}``), the page people use (``/``, ``/static/…``, ``/ui/…``), the
+platform API the bundled HTTP action calls and the GitHub and PagerDuty the bundled
+opsloop.yaml points at (``/github/…``, ``/pagerduty/…``), and sends the app's request
+URL what people do, signed (and its ``/alerts/generic`` the alert the page fires). It
+reaches the app only over HTTP; which app that is, and the port both share, is the
+caller's business (``bot/local_mode.py`` for ``opsloop local``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from engine.store import Store
 from localslack.app_link import SLACK_RETRY_DELAYS, AppLink
 from localslack.demo import DemoPlatform
 from localslack.identity import CHANNELS, LOCAL, PEOPLE, USERGROUPS, user_record
+from localslack.integrations import LocalIntegrations
 from localslack.state_file import StateFile
 from localslack.ui import LocalUi, ModelInfo
 from localslack.web_api import WebApi
@@ -76,6 +79,7 @@ class LocalSlack:
         )
         self.workspace.listen(self.link.feed)
         self.platform = DemoPlatform()
+        self.integrations = LocalIntegrations(self.url)
 
     @property
     def api_url(self) -> str:
@@ -102,9 +106,11 @@ class LocalSlack:
             tools=tools,
             hosts=self.hosts,
             base_url=self.url,
+            alerts=self.integrations,
         )
         LocalWebApi(self.workspace, token=self.token, state=self.state).add_routes(app)
         self.platform.add_routes(app)  # what the bundled restart_service action calls
+        self.integrations.add_routes(app)  # the GitHub and PagerDuty of the bundled file
         ui.add_routes(app)
         return ui
 
@@ -120,7 +126,7 @@ class LocalSlack:
 
 
 def local_workspace() -> Workspace:
-    people = [user_record(LOCAL, p.id, p.name, p.real_name) for p in PEOPLE]
+    people = [user_record(LOCAL, p.id, p.name, p.real_name, email=p.email) for p in PEOPLE]
     return Workspace(LOCAL, people=people, channels=CHANNELS, usergroups=USERGROUPS)
 
 

@@ -20,6 +20,7 @@ a message is stored, then its events are delivered; a click is a signed
     GET  /ui/trace?channel=C&ts=TS           the thread's log: ``events`` as ``opsloop trace
                                              --json`` has them, a ``summaries`` line each
     GET  /ui/replay?channel=C&ts=TS&seq=N    a decision's request, as ``opsloop replay --json``
+    POST /ui/alerts       {user}             fire an alert: a signed ``POST /alerts/generic``
 
 Bad input is a 4xx with ``{"error": "one line"}``. Requests must name this server in
 ``Host`` (no DNS rebinding) and writes must be JSON from this origin (no cross-site
@@ -43,6 +44,7 @@ from engine.trace import summarize, thread_record, trace_record, usage_totals
 from localslack import slack_requests as sr
 from localslack.app_link import AppLink
 from localslack.identity import Person
+from localslack.integrations import LocalIntegrations
 from localslack.live import Live
 from localslack.page_input import (
     BadRequest,
@@ -102,6 +104,7 @@ class LocalUi:
     tools: Callable[[], Iterable[Any]] = lambda: ()
     hosts: frozenset[str] | None = None  # Host headers accepted; None: any
     base_url: str = ""
+    alerts: LocalIntegrations | None = None  # fires the page's alerts
     closing: bool = False
     live: Live = field(init=False)
 
@@ -141,6 +144,7 @@ class LocalUi:
         get("/ui/events", self._guard(self.events))
         get("/ui/trace", self._guard(self.trace))
         get("/ui/replay", self._guard(self.replay))
+        post("/ui/alerts", self._guard(self.fire_alert))
         app.middlewares.append(_json_errors)
 
     async def close(self) -> None:
@@ -263,9 +267,15 @@ class LocalUi:
                         {"phrase": phrase, "does": does} for phrase, does in self.model.suggestions
                     ],
                 },
+                "alerts": self._alerts_info(),
                 "boot": self.live.boot,
             }
         )
+
+    def _alerts_info(self) -> dict[str, str] | None:
+        """Where a fired alert opens its thread; None: the page has no alert to fire."""
+        channel = self.alerts.alert_channel if self.alerts is not None else None
+        return {"channel": channel} if channel else None
 
     async def channel_messages(self, request: web.Request) -> web.Response:
         user = self._user(request.query.get("user"))
@@ -474,6 +484,23 @@ class LocalUi:
         )
         self.link.send_events([event])
         return web.json_response({"ok": True}, status=202)
+
+    async def fire_alert(self, request: web.Request) -> web.Response:
+        """What a monitoring system does: one new alert, signed, to the app's route."""
+        body = await parse(request, UserOnly)
+        user = self._user(body.user)
+        if self.alerts is None or self.alerts.alert_channel is None:
+            raise BadRequest("the configuration has no alerts.generic: no alert to fire", 409)
+        sent = await self.alerts.fire_alert(self.workspace.users[user]["name"])
+        result: dict[str, Any] = {
+            "ok": sent.ok,
+            "status": sent.status,
+            "channel": self.alerts.alert_channel,
+        }
+        if not sent.ok:
+            why = sent.answer.get("error") or f"HTTP {sent.status}"
+            result["error"] = f"the app did not take the alert: {why}"
+        return web.json_response(result)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         user = self._user(request.query.get("user"))

@@ -29,7 +29,7 @@ from localslack.workspace import TriggerError, Workspace
 
 BOT_SCOPES = (
     "app_mentions:read,channels:history,chat:write,commands,groups:history,"
-    "im:history,usergroups:read,users:read"
+    "im:history,usergroups:read,users:read,users:read.email"
 )
 API_PREFIX = "/api/"
 MAX_BLOCKS = 50
@@ -76,6 +76,7 @@ class WebApi:
             "conversations.replies": self.replies,
             "conversations.history": self.history,
             "users.info": self.users_info,
+            "users.lookupByEmail": self.lookup_by_email,
             "usergroups.users.list": self.usergroup_users,
         }
 
@@ -353,6 +354,14 @@ class WebApi:
         if user is None:
             raise ApiError("user_not_found")
         return {"user": user}
+
+    def lookup_by_email(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The user whose ``profile.email`` it is (``oncall:`` approvers are found so)."""
+        email = required(p, "email", "invalid_arguments").lower()
+        for user in self.workspace.users.values():
+            if str(user.get("profile", {}).get("email") or "").lower() == email:
+                return {"user": user}
+        raise ApiError("users_not_found")
 
     def usergroup_users(self, p: dict[str, Any]) -> dict[str, Any]:
         group = required(p, "usergroup", "invalid_arguments")

@@ -16,6 +16,8 @@
 //   home-link                opens the App Home tab (home-view)
 //   channel-list, dm-list    the sidebar lists
 //   channel-link             data-channel-id; data-unread="true" when something new arrived
+//   alert-section, fire-alert  the sidebar's "Fire an alert" (shown when opsloop.yaml has
+//                            alerts.generic): a signed alert to the bot, then its channel
 //   channel-pane             the middle column: channel-header ("# ops"), channel-topic,
 //                            message-list (the channel's top-level messages), the composer
 //   message                  every message: data-ts, data-channel, data-user,
@@ -42,7 +44,9 @@
 //   trace-panel              data-thread-id once found; trace-status, trace-refresh,
 //                            trace-close, trace-events
 //   trace-event              data-seq, data-type, data-error="true" on failures (with a
-//                            trace-error-badge); trace-summary is its line; click shows
+//                            trace-error-badge), data-refused="true" on refused clicks
+//                            (with a trace-refused-badge, not an error); trace-actor
+//                            names who; trace-summary is its line; click shows
 //                            trace-event-json. message_posted rows are hidden until
 //                            trace-deliveries ("N deliveries", data-count, aria-pressed)
 //   trace-result-toggle      on tool_result events: shows trace-result-json (the output,
@@ -310,6 +314,27 @@ function renderSidebar() {
   $("channel-list").replaceChildren(...state.ws.channels.filter((c) => !c.is_im).map(link));
   $("dm-list").replaceChildren(...state.ws.channels.filter((c) => c.is_im && c.user === state.me).map(link));
   $("home-link").classList.toggle("active", state.view === "home");
+  $("alert-section").hidden = !state.ws.alerts;
+}
+
+// The bundled opsloop.yaml's alerts.generic: the page plays the monitoring system.
+async function fireAlert() {
+  const button = $("fire-alert");
+  button.disabled = true;
+  try {
+    const result = await api("POST", "/ui/alerts", { user: state.me });
+    if (!result.ok) {
+      toast(result.error || "the app did not take the alert");
+      return;
+    }
+    const channel = channelOf(result.channel);
+    toast(`Alert fired: the bot opens a thread about it in ${channel ? channelLabel(channel) : result.channel}.`, "info");
+    go(result.channel);
+  } catch (err) {
+    toast(err.message);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 // --- messages -------------------------------------------------------------------------------
@@ -528,7 +553,10 @@ function renderHome(view) {
 
 const TRACE_SKIP = new Set(["seq", "event_id", "type", "created_at", "actor"]);
 // Events that report something going wrong (a tool_result only when it is not ok).
-const TRACE_ERRORS = new Set(["error", "decision_rejected", "retry_scheduled", "approval_refused"]);
+const TRACE_ERRORS = new Set(["error", "decision_rejected", "retry_scheduled"]);
+// A click refused (someone who may not decide, a stale card): a safeguard working, not a
+// failure, so it gets a neutral badge.
+const TRACE_REFUSALS = new Set(["approval_refused"]);
 
 async function loadTrace() {
   const panel = $("trace-panel");
@@ -604,12 +632,20 @@ function traceRow(record, summary, { intent, delivered }) {
   head.appendChild(el("span", "trace-seq", String(record.seq)));
   head.appendChild(el("span", `trace-type type-${record.type}`, record.type));
   const actor = /^[UW][A-Z0-9]+$/.test(record.actor) ? "@" + nameOf(record.actor) : record.actor;
-  head.appendChild(el("span", "trace-actor", actor));
+  const who = el("span", "trace-actor", actor);
+  who.dataset.testid = "trace-actor";
+  head.appendChild(who);
   if (isFailure(record)) {
     row.dataset.error = "true";
     row.classList.add("trace-event-error");
     const badge = el("span", "trace-error-badge", "error");
     badge.dataset.testid = "trace-error-badge";
+    head.appendChild(badge);
+  } else if (TRACE_REFUSALS.has(record.type)) {
+    row.dataset.refused = "true";
+    const badge = el("span", "trace-refused-badge", "refused");
+    badge.dataset.testid = "trace-refused-badge";
+    badge.title = "A click opsloop refused: nothing changed";
     head.appendChild(badge);
   }
   if (delivered) {
@@ -900,6 +936,7 @@ function switchUser(id) {
 function wire() {
   $("user-switcher").addEventListener("change", (event) => switchUser(event.target.value));
   $("home-link").addEventListener("click", () => (location.hash = "#/home"));
+  $("fire-alert").addEventListener("click", fireAlert);
   $("thread-close").addEventListener("click", () => go(state.channel));
   $("trace-toggle").addEventListener("click", () => setTrace(!state.traceOpen));
   $("trace-close").addEventListener("click", () => setTrace(false));

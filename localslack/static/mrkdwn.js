@@ -7,8 +7,9 @@
 //
 // Recognised, in this order: ``` code blocks ```, `inline code`, <tokens> (links
 // <url|text>, user mentions <@U…>, channels <#C…|name>, <!here>, user groups
-// <!subteam^S…>, dates <!date^ts^format|fallback>), then *bold*, _italic_ and ~strike~
-// (nested), and line breaks (kept by CSS white-space: pre-wrap).
+// <!subteam^S…>, dates <!date^ts^format|fallback>), then lines starting with ">" (or
+// Slack's escaped "&gt;") as a quote, then *bold*, _italic_ and ~strike~ (nested), and
+// line breaks (kept by CSS white-space: pre-wrap).
 
 const PLACEHOLDER_BASE = 0xe000; // private-use characters stand for atoms while formatting
 const PLACEHOLDER_MAX = 0xf8ff;
@@ -52,8 +53,34 @@ export function renderMrkdwn(text, ctx) {
   });
 
   const fragment = document.createDocumentFragment();
-  formatInto(fragment, rest, atoms);
+  for (const part of quoteRuns(rest)) {
+    if (!part.quote) {
+      formatInto(fragment, part.text, atoms);
+      continue;
+    }
+    const quote = el("blockquote", "md-quote");
+    formatInto(quote, part.text, atoms);
+    fragment.appendChild(quote);
+  }
   return fragment;
+}
+
+// A quote line as Slack sends it: ">" or "&gt;" at the start of a line, then an optional
+// space. Code blocks are placeholders by now, so a ">" inside one is never a quote.
+const QUOTE_MARK = /^(?:>|&gt;) ?/;
+
+/** The text cut into runs of quoted and plain lines, the quote marks taken off. The line
+ * break next to a quote goes too: the quote is a block of its own. */
+function quoteRuns(text) {
+  const runs = [];
+  for (const line of text.split("\n")) {
+    const quote = QUOTE_MARK.test(line);
+    const body = quote ? line.replace(QUOTE_MARK, "") : line;
+    const last = runs[runs.length - 1];
+    if (last && last.quote === quote) last.lines.push(body);
+    else runs.push({ quote, lines: [body] });
+  }
+  return runs.map(({ quote, lines }) => ({ quote, text: lines.join("\n") }));
 }
 
 const MARKS = { "*": "strong", _: "em", "~": "s" };

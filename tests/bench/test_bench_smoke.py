@@ -65,6 +65,9 @@ async def test_latency_prints_one_json_line_with_every_figure(pg_url):
         "click_to_tool_started": result["flows"],
         "reply_to_model_request": result["flows"],
         "webhook_to_resume": result["flows"],
+        "alert_to_model_request": result["flows"],
+        "run_finished_to_model_request_webhook": result["flows"],
+        "run_finished_to_model_request_polling": result["flows"],
         "sigkill_to_resume": result["kill_threads"],
     }
     for backend in ("sqlite", "postgresql"):

@@ -3,9 +3,11 @@
 ``opsloop local`` runs as a real process (offline phrasebook model, demo tools, SQLite)
 and headless Chromium (Debian's ``chromium``, driven by Playwright) clicks through the
 page as alice, who asks, and bob and carol, who review: a deploy, a rejection, a
-clarification, a job, the quorum of two for production and the reconcile card of a call
-the catalog MCP server crashed in the middle of. Skipped where no browser is installed,
-except in CI, where ``.ci/run`` installs it and a missing browser is a failure.
+clarification, a job, the quorum of two for production, the reconcile card of a call
+the catalog MCP server crashed in the middle of, a deploy through the local GitHub's CI
+that only the on-call user may approve, and the "Fire an alert" button. Skipped where no
+browser is installed, except in CI, where ``.ci/run`` installs it and a missing browser
+is a failure.
 
 ``OPSLOOP_SCREENSHOT_DIR=docs`` writes the README's screenshot there
 (``docs/local-approval.png``); otherwise it goes to the test's temporary folder.
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, REJECT_ACTION
+from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, GRANT_ACTION, REJECT_ACTION
 from bot.render.edit import APPROVE_BLOCK
+from bot.render.grants import SCOPE_BLOCK
 from bot.render.reconcile import HAPPENED_ACTION
 from tests.bot.test_cli import _free_port
 from tests.bot.test_local_cli import Running, local_env, opsloop_local
@@ -102,12 +105,13 @@ def button(pane, action_id: str) -> object:
     return pane.locator(f'[data-testid="block-button"][data-action-id="{action_id}"]').last
 
 
-def approve(page, pane, tool: str = "deploy") -> None:
+def approve(page, pane) -> None:
     """The current user clicks Approve and confirms in the dialog the card's button asks for."""
     button(pane, APPROVE_ACTION).click()
     dialog = page.get_by_test_id("confirm-dialog")
     dialog.wait_for()
-    assert f"Run {tool}?" in page.get_by_test_id("confirm-title").inner_text()
+    # "Approve …?": true for every clicker, whether or not this vote is the last one.
+    assert page.get_by_test_id("confirm-title").inner_text().startswith("Approve ")
     page.get_by_test_id("confirm-ok").click()
     dialog.wait_for(state="hidden")
 
@@ -195,11 +199,32 @@ def test_bob_edits_staging_to_production_which_then_needs_carol_too(page) -> Non
     bot_says(pane, "Deployed api 1.4.2 to production")
 
 
+def test_bob_grants_restarts_for_the_channel_and_the_next_one_runs_at_once(page) -> None:
+    """Issue 17 §4: "Approve for 1 h" opens the grant's form; bob lets it cover the whole
+    channel, so alice's next restart, in a thread of its own, runs without a card."""
+    pane = ask(page, "restart api")
+    button(pane, GRANT_ACTION).wait_for()
+    be(page, BOB)
+    button(pane, GRANT_ACTION).click()
+    modal = page.get_by_test_id("modal")
+    modal.wait_for()
+    scope = modal.locator(f'[data-testid="modal-input"][data-block-id="{SCOPE_BLOCK}"]')
+    scope.select_option("channel")
+    modal.get_by_test_id("modal-submit").click()
+    modal.wait_for(state="hidden")
+    bot_says(pane, "Restarted api")
+    pane.get_by_text("also granted calls of").wait_for()
+    again = ask(page, "restart the api service")  # another thread: another text to find
+    again.get_by_text("restart #2").wait_for()
+    again.get_by_text("grant until").wait_for()
+    assert button(again, APPROVE_ACTION).count() == 0  # no card: the grant approved it
+
+
 def test_a_crash_mid_call_asks_bob_what_happened_and_his_note_is_the_answer(page) -> None:
     pane = ask(page, "scale api to 5 replicas and simulate a crash")
     button(pane, APPROVE_ACTION).wait_for()
     be(page, BOB)
-    approve(page, pane, "mcp__catalog__scale_service")
+    approve(page, pane)
     happened = button(pane, HAPPENED_ACTION)
     happened.wait_for()  # the reconcile card: the catalog died after making the change
     happened.click()
@@ -211,6 +236,41 @@ def test_a_crash_mid_call_asks_bob_what_happened_and_his_note_is_the_answer(page
     bot_says(pane, "the catalog shows 5 replicas")
     assert button(pane, HAPPENED_ACTION).count() == 0
     assert "said it happened" in pane.inner_text()
+
+
+def test_a_production_deploy_through_ci_waits_for_the_on_call_user_and_its_run(page) -> None:
+    """Local mode's GitHub and PagerDuty: carol reviews but is not on call, so her click
+    is refused; bob is on call, and after his the workflow runs (some seconds in the
+    local GitHub), whose webhook ends the wait and the run's end is the answer."""
+    pane = ask(page, "deploy api to production through CI")
+    button(pane, APPROVE_ACTION).wait_for()
+    pane.get_by_text("On call now").first.wait_for()  # the card names whoever is on call
+    be(page, CAROL)
+    approve(page, pane)
+    pane.locator('[data-testid="message"][data-ephemeral="true"]').filter(
+        has_text="nor on call for it now"
+    ).last.wait_for()
+    assert button(pane, APPROVE_ACTION).count() == 1  # still open: nobody has approved
+    be(page, BOB)
+    approve(page, pane)
+    pane.get_by_text("Waiting for deploy.yml on acme/platform").first.wait_for()
+    bot_says(pane, "Deployed api to production through CI")
+    assert "succeeded in" in pane.inner_text()
+
+
+def test_fire_an_alert_opens_a_thread_the_bot_investigates(page) -> None:
+    """The sidebar's button plays the monitoring system: a signed POST /alerts/generic;
+    the bot posts the alert in #ops and looks into it, read-only, in its thread."""
+    be(page, ALICE)
+    page.get_by_test_id("fire-alert").click()
+    page.get_by_test_id("channel-header").filter(has_text="ops").wait_for()
+    posted = page.get_by_test_id("message-list").locator('[data-testid="message"][data-bot="true"]')
+    root = posted.filter(has_text="5xx responses above 5%").last
+    root.get_by_test_id("open-thread").click()
+    pane = page.get_by_test_id("thread-pane")
+    pane.wait_for()
+    bot_says(pane, "I only looked: nothing was changed")
+    assert "api is healthy" in pane.inner_text()
 
 
 def test_a_job_wait_completes_and_the_thread_is_told(page) -> None:
@@ -232,6 +292,32 @@ def box(locator) -> dict[str, float]:
 
 def right(b: dict[str, float]) -> float:
     return b["x"] + b["width"]
+
+
+MIN_CHIPS_SHOWN = 5  # one scrolling row showed two or three (issue 15 §11)
+MAX_CHIPS_PX = 140  # a few rows; past them the box scrolls and the messages keep their room
+
+
+def assert_chips_wrap(page) -> None:
+    """The phrase chips wrap over rows in the channel pane: most are in view, none is
+    cut at the box's edge, and the box stays a few rows high."""
+    chips = page.evaluate(
+        """() => {
+             const box = document.querySelector('[data-testid="suggestions"]');
+             const b = box.getBoundingClientRect();
+             return [...box.querySelectorAll('[data-testid="suggestion"]')].map((chip) => {
+               const r = chip.getBoundingClientRect();
+               return { top: Math.round(r.top), left: r.left >= b.left - 1,
+                        right: r.right <= b.right + 1,
+                        shown: r.top >= b.top - 1 && r.bottom <= b.bottom + 1 };
+             });
+           }"""
+    )
+    assert chips and all(c["left"] and c["right"] for c in chips), chips  # none cut sideways
+    shown = [c for c in chips if c["shown"]]
+    assert len(shown) >= MIN_CHIPS_SHOWN, chips
+    assert len({c["top"] for c in shown}) >= 3, chips  # on rows, not one scrolling line
+    assert box(page.get_by_test_id("suggestions"))["height"] <= MAX_CHIPS_PX
 
 
 def test_at_1024_px_the_panes_sit_side_by_side_and_the_trace_reads(page, tmp_path: Path) -> None:
@@ -265,7 +351,7 @@ def test_at_1024_px_the_panes_sit_side_by_side_and_the_trace_reads(page, tmp_pat
         thread["x"] + 4,
     )
     assert spilled == []
-    assert box(page.get_by_test_id("suggestions"))["height"] <= 48  # one row, not a wall
+    assert_chips_wrap(page)
 
     # message_posted rows are folded behind one "N deliveries" toggle.
     posted = trace.locator('[data-testid="trace-event"][data-type="message_posted"]')
@@ -302,3 +388,64 @@ def test_at_1024_px_the_panes_sit_side_by_side_and_the_trace_reads(page, tmp_pat
     assert "health endpoint timed out" in summary.inner_text()
     assert summary.evaluate("(e) => getComputedStyle(e).color") == neutral
     page.screenshot(path=str(tmp_path / "local-1024-trace-unfolded.png"))
+
+
+def test_at_1024_px_a_quote_reads_as_one_and_a_refused_click_is_no_error(
+    page, tmp_path: Path
+) -> None:
+    """Issue 15 §11: the answer's "> reason" is a quote, not a literal ">"; alice's
+    refused click on her own card (a safeguard working) is marked in the trace, but not
+    as an error; every actor in the trace shows whole."""
+    page.set_viewport_size(NARROW)
+    pane = ask(page, "deploy api to staging")
+    button(pane, APPROVE_ACTION).click()  # alice's own call: not hers to approve
+    dialog = page.get_by_test_id("confirm-dialog")
+    dialog.wait_for()
+    page.get_by_test_id("confirm-ok").click()
+    # The refusal is recorded before she is told, privately, in the thread.
+    pane.locator('[data-testid="message"][data-ephemeral="true"]').filter(
+        has_text="Nothing changed"
+    ).last.wait_for()
+
+    be(page, BOB)
+    button(pane, REJECT_ACTION).click()
+    modal = page.get_by_test_id("modal")
+    modal.wait_for()
+    modal.get_by_test_id("modal-input").first.fill("change freeze until Monday")
+    modal.get_by_test_id("modal-submit").click()
+    modal.wait_for(state="hidden")
+    answer = pane.locator('[data-testid="message"][data-bot="true"]').filter(
+        has=page.locator("blockquote.md-quote", has_text="change freeze until Monday")
+    )
+    answer.last.wait_for()
+    answer.last.screenshot(path=str(tmp_path / "local-1024-quote.png"))
+    text = answer.last.get_by_test_id("message-text").inner_text()
+    assert not [line for line in text.splitlines() if line.lstrip().startswith(">")], text
+
+    pane.get_by_test_id("trace-toggle").click()
+    trace = page.get_by_test_id("trace-panel")
+    refused = trace.locator('[data-testid="trace-event"][data-type="approval_refused"]').first
+    refused.wait_for()
+    page.screenshot(path=str(tmp_path / "local-1024-refused.png"))
+    assert refused.get_attribute("data-error") is None
+    assert refused.get_attribute("data-refused") == "true"
+    assert refused.get_by_test_id("trace-error-badge").count() == 0
+    badge = refused.get_by_test_id("trace-refused-badge")
+    assert badge.inner_text().strip().lower() == "refused"
+    danger = "rgb(192, 57, 43)"
+    assert badge.evaluate("(e) => getComputedStyle(e).color") != danger
+    assert refused.get_by_test_id("trace-actor").inner_text() == "@alice"
+
+    # Every actor whole: none cut to "@…", none wider than the room it is shown in.
+    actors = trace.evaluate(
+        """(panel) => {
+             const edge = panel.getBoundingClientRect().right + 1;
+             return [...panel.querySelectorAll('[data-testid="trace-actor"]')]
+               .filter((a) => a.checkVisibility())
+               .map((a) => [a.innerText, a.scrollWidth <= a.clientWidth + 1,
+                            a.getBoundingClientRect().right <= edge]);
+           }"""
+    )
+    assert actors and all(whole and inside for _, whole, inside in actors), actors
+    names = {name for name, _, _ in actors}
+    assert {"@alice", "@bob"} <= names and not any("…" in n for n in names), names
