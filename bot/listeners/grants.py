@@ -1,7 +1,7 @@
 """``/opsloop grants`` and its Revoke button.
 
-The list reads the threads of the channel the command is run in (a slash command names
-no thread) and shows every live grant in them, whoever created it; Revoke is the
+The list reads the grant events of the channel the command is run in (a slash command
+names no thread) and shows every live grant made in its threads, whoever created it; Revoke is the
 engine's to allow (the reviewer who created the grant, or an approver of its rule).
 """
 
@@ -18,29 +18,44 @@ from bot.listeners.approvals import accepted, click_of
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, Refusal
 from bot.render.grants import GrantRow, grants_message, parse_revoke_value
+from engine import events as ev
 from engine.events import utcnow
-from engine.grants import exact_arguments
 from engine.inputs import revoke_grant
-
-LIST_LIMIT = 500  # threads of the channel read for /opsloop grants
 
 
 async def grants_answer(
     d: Deps, command: dict[str, Any], url: str | None
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The live grants of the command's channel (of its team), soonest ending first."""
+    """The live grants of the command's channel (of its team), soonest ending first:
+    read from the channel's grant events (one indexed query), not from its threads."""
     channel, team = str(command.get("channel_id") or ""), command.get("team_id")
     now = utcnow()
+    made: dict[str, tuple[str, ev.GrantCreated]] = {}
+    for thread_id, e in await d.store.grant_events(channel, team=team or None, now=now):
+        if isinstance(e, ev.GrantCreated):
+            made[e.grant_id] = (thread_id, e)
+        else:
+            made.pop(e.grant_id, None)
+    roots = {}
     rows = []
-    for info in await d.store.list_threads(limit=LIST_LIMIT, channel=channel):
-        if team and info.team and info.team != team:
+    for thread_id, g in made.values():
+        if now >= g.until:
             continue
-        state = await d.store.load(info.id)
-        for g in state.grants.values():
-            if g.live(now):
-                link = p.permalink(url, info.channel, info.root_ts)
-                args = exact_arguments(g.arguments_schema)
-                rows.append(GrantRow(info.id, g.grant_id, g.tool, args, g.reviewer, g.until, link))
+        if thread_id not in roots:
+            roots[thread_id] = (await d.store.get_thread(thread_id)).root_ts
+        link = p.permalink(url, channel, roots[thread_id])
+        rows.append(
+            GrantRow(
+                thread_id,
+                g.grant_id,
+                g.tool,
+                g.arguments_schema,
+                g.reviewer,
+                g.until,
+                g.scope,
+                link,
+            )
+        )
     rows.sort(key=lambda r: r.until)
     return grants_message(rows)
 

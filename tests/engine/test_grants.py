@@ -1,6 +1,9 @@
 """Standing grants (issue 17 §4): "Approve for 1 h" approves later calls of the same tool
 with the same arguments in the thread at once, until it is revoked or its time is up,
-and never a call whose rule needs two people; SQLite and PostgreSQL."""
+and never a call whose rule needs two people. A reviewer may let some arguments vary,
+choose the span within the rule's max_grant, and grant a whole channel: then calls in
+the channel's other threads are covered, where the reviewer could have approved them
+themselves. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 
 from engine import events as ev
 from engine.config_file import PolicyRule
-from engine.grants import exact_schema
+from engine.grants import GrantAsk, exact_schema
 from engine.inputs import Decider, Refused, decide_approval, post_user_message, revoke_grant
 from engine.models.scripted import call, say
 from engine.reviewers import ReviewerRule
@@ -49,15 +52,25 @@ def policy(quorum: int = 1, max_grant: str | None = "2h") -> PolicySet:
 class Thread:
     """One thread, run by a new Runner (a new process) each time, on a fake clock."""
 
-    def __init__(self, store: Store, steps: list, rules: PolicySet | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        steps: list,
+        rules: PolicySet | None = None,
+        key: ThreadKey = KEY,
+        requester: str = ALICE,
+    ) -> None:
         self.store, self.clock, self.effects = store, FakeClock(), Counter()
         self.model = RecordingModel(steps)
         self.tools = make_ruled_tools(self.effects)
         self.rules = rules or policy()
+        self.key, self.requester = key, requester
         self.tid = ""
 
     async def start(self) -> str:
-        posted = await post_user_message(self.store, KEY, text="restart api", user=ALICE)
+        posted = await post_user_message(
+            self.store, self.key, text="restart api", user=self.requester
+        )
         self.tid = posted.thread_id
         return (await self.run()).status
 
@@ -75,7 +88,7 @@ class Thread:
         assert state.status == "awaiting_approval" and state.pending is not None
         return state.pending.tool_call_id
 
-    async def approve_for_an_hour(self, who: str = BOB):
+    async def approve_for_an_hour(self, who: str = BOB, grant: GrantAsk | None = None):
         return await decide_approval(
             self.store,
             self.tid,
@@ -84,7 +97,7 @@ class Thread:
             reviewers=OPEN,
             decider=Decider(who),
             now=self.clock(),
-            grant=True,
+            grant=grant or GrantAsk(),
         )
 
     async def grants(self) -> list[ev.GrantCreated]:
@@ -206,3 +219,108 @@ async def test_approve_for_is_refused_when_the_rule_allows_no_grants(store, quor
     assert refused.reason == "this call's rule allows no standing grants"
     assert await t.grants() == []
     assert isinstance((await t.log())[-1], ev.ApprovalRefused)
+
+
+async def test_a_narrowed_grant_covers_any_value_of_the_arguments_let_vary(store):
+    steps = [call("restart", name="api"), call("restart", name="web"), say("-")]
+    t = Thread(store, steps)
+    await t.start()
+    await t.approve_for_an_hour(grant=GrantAsk(seconds=1800, exact=frozenset()))
+    [grant] = await t.grants()
+    assert grant.until == t.clock() + timedelta(minutes=30)
+    assert grant.approvers == tuple(sorted([BOB, CAROL]))
+    assert (await t.run()).status == "idle"
+    [by_grant] = await t.grant_approvals()
+    assert by_grant.grant is not None and by_grant.grant.thread_id == t.tid
+    assert t.effects["restart"] == 2
+
+
+@pytest.mark.parametrize(
+    ("ask", "why"),
+    [
+        (GrantAsk(seconds=3 * 3600), "longer than this call's rule allows"),
+        (GrantAsk(exact=frozenset({"other"})), "an argument the call does not have"),
+    ],
+)
+async def test_a_grant_beyond_what_the_rule_allows_is_refused(store, ask, why):
+    t = Thread(store, [call("restart", name="api"), say("-")])  # max_grant 2h
+    await t.start()
+    refused = await t.approve_for_an_hour(grant=ask)
+    assert isinstance(refused, Refused) and why in refused.reason
+    assert await t.grants() == []
+
+
+def elsewhere(channel: str = "C1", ts: str = "1700000100.000100") -> ThreadKey:
+    return ThreadKey("T1", channel, ts)
+
+
+async def granted_channel_wide(store) -> Thread:
+    t = Thread(store, [call("restart", name="api"), say("-")])
+    await t.start()
+    await t.approve_for_an_hour(grant=GrantAsk(scope="channel"))
+    assert (await t.run()).status == "idle"
+    return t
+
+
+async def test_a_channel_grant_approves_a_matching_call_in_another_thread_of_the_channel(
+    store,
+):
+    first = await granted_channel_wide(store)
+    [grant] = await first.grants()
+    assert grant.scope == "channel"
+    other = Thread(store, [call("restart", name="api"), say("done")], key=elsewhere())
+    other.clock = first.clock
+    assert await other.start() == "idle"
+    [by_grant] = await other.grant_approvals()
+    assert by_grant.actor == f"grant:{grant.grant_id}"
+    assert by_grant.grant is not None and by_grant.grant.thread_id == first.tid
+    assert (by_grant.grant.reviewer, by_grant.grant.until) == (BOB, grant.until)
+    assert other.effects["restart"] == 1
+    # The other thread's state, rebuilt from its own log alone, agrees.
+    assert (await store.load(other.tid)).status == "idle"
+
+
+async def test_a_channel_grant_covers_nothing_in_another_channel_or_after_revoke(store):
+    first = await granted_channel_wide(store)
+    [grant] = await first.grants()
+    away = Thread(store, [call("restart", name="api"), say("-")], key=elsewhere("C2"))
+    away.clock = first.clock
+    assert await away.start() == "awaiting_approval"
+    assert await away.grant_approvals() == []
+    revoked = await revoke_grant(
+        store, first.tid, grant_id=grant.grant_id, decider=Decider(BOB), reviewers=OPEN
+    )
+    assert not isinstance(revoked, Refused)
+    later = Thread(store, [call("restart", name="api"), say("-")], key=elsewhere(ts="1700000200.1"))
+    later.clock = first.clock
+    assert await later.start() == "awaiting_approval"
+    assert await later.grant_approvals() == []
+
+
+async def test_a_channel_grant_never_approves_its_reviewers_own_request(store):
+    """Bob's grant stands in for Bob's vote, which does not count on Bob's own call."""
+    first = await granted_channel_wide(store)
+    own = Thread(store, [call("restart", name="api"), say("-")], key=elsewhere(), requester=BOB)
+    own.clock = first.clock
+    assert await own.start() == "awaiting_approval"
+    assert await own.grant_approvals() == []
+
+
+async def test_a_grant_covers_no_call_its_reviewer_could_not_approve(store):
+    """Under a policy where only Carol approves restarts, Bob's grant covers nothing."""
+    first = await granted_channel_wide(store)
+    carol_only = PolicySet(
+        rules=(
+            PolicyRule(
+                tool="restart",
+                policy="approve_before_run",
+                approvers=[CAROL],
+                max_grant="2h",  # type: ignore[arg-type]  # parsed as a duration
+            ),
+        ),
+        policy_hash="e" * 64,
+    )
+    other = Thread(store, [call("restart", name="api"), say("-")], carol_only, key=elsewhere())
+    other.clock = first.clock
+    assert await other.start() == "awaiting_approval"
+    assert await other.grant_approvals() == []
