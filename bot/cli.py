@@ -5,14 +5,15 @@
     opsloop local                    everything on this machine, Slack in the browser
     opsloop threads [--status S] [--json]
     opsloop trace THREAD [--json]    THREAD: a thread id or CHANNEL/THREAD_TS
-    opsloop replay THREAD [--seq N | --all] [--json]
-    opsloop tools [--json]           every tool, its source, default policy and drift
+    opsloop replay THREAD [--seq N | --all] [--json]   exit 1 MISMATCH, 3 tools not loaded
+    opsloop tools [--json] [--from-server URL]   every tool, source, default policy, drift
     opsloop policy check [--config F] [THREAD …] [--since 7d]
-    opsloop config check [FILE]
+    opsloop config check [FILE] [--strict] [--no-env]
     opsloop migrate [--check]        take the database to this release's schema
     opsloop archive --before 90d [--to FILE.jsonl] [--dry-run]
     opsloop trace --from FILE.jsonl THREAD [--json]
-    opsloop doctor [--manifest FILE] one line per check; exit 1 if any fails
+    opsloop doctor [--manifest FILE] [--local | --serve] [--strict]
+                                     one line per check; exit 1 if any fails
 
 Every command reads the settings once, here: the configuration file (``OPSLOOP_CONFIG``,
 else ``./opsloop.yaml`` when present) with the environment laid over it, and passes
@@ -22,6 +23,10 @@ a schema older or newer than this release's (``serve``, ``socket`` and ``local``
 refuse it, unless ``OPSLOOP_AUTO_MIGRATE=true`` migrates an older one at start). The
 commands that only read (threads, trace, replay, policy check) never create a database:
 run in the wrong directory, they say none was found.
+
+Beside `opsloop local` (:func:`beside_local`: its workspace file next to the database),
+the commands that look at what a process loads (replay, tools, policy check, config
+check, doctor) load what local mode loads (:func:`load_loaded`), and say so on stderr.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from engine.config import Settings, load_settings
@@ -95,6 +102,104 @@ def load_configuration(
     return load_settings(env, file=config.env_values() if config else None), config
 
 
+# --- beside `opsloop local` -----------------------------------------------------------
+
+LOCAL_HOST = "127.0.0.1"  # only this machine: the page acts as anyone in the workspace
+LOCAL_TOOLS = "tools.builtin,tools.demo"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a command that looks at a process's tools and policy loads (``tools``,
+    ``replay``, ``policy check``, ``config check``, ``doctor``). ``local``: the workspace
+    file of the `opsloop local` run whose configuration this is (None: not beside one)."""
+
+    settings: Settings
+    config: ConfigFile | None
+    local: Path | None = None
+    bundled: Path | None = None  # the config is local mode's own (localslack/opsloop.yaml)
+
+
+def beside_local(settings: Settings) -> Path | None:
+    """The workspace file of an `opsloop local` run on this database, when one is there.
+
+    Beside `opsloop local` means: the file local mode keeps its workspace in exists and
+    is tied to this database: ``OPSLOOP_LOCAL_STATE`` names it, or it sits beside the
+    SQLite file (``opsloop.db`` -> ``opsloop.local.json``), as local mode places it
+    (``localslack.state_file.state_path``; a test keeps the two equal). With PostgreSQL
+    and no ``OPSLOOP_LOCAL_STATE``, a ``./opsloop.local.json`` may belong to another
+    database, so it is no sign. Decided without importing local mode (slow to import)."""
+    explicit = (settings.local_state or "").strip()
+    if explicit:
+        path = Path(explicit)
+    else:
+        db = parse_database_url(settings.database_url)
+        name = db.url.database
+        if db.dialect != "sqlite" or not name or name == ":memory:":
+            return None
+        path = Path(name).with_name(f"{Path(name).stem}.local.json")
+    return path if path.is_file() else None
+
+
+def local_environment(env: dict[str, str], settings: Settings, workspace: Path) -> dict[str, str]:
+    """``env`` as `opsloop local` completes it: its tool modules unless ``OPSLOOP_TOOLS``
+    names others, and the ``${OPSLOOP_LOCAL_*}`` values a file may use, for the page this
+    machine's ``OPSLOOP_HOST`` and ``PORT`` give (the environment wins over both)."""
+    from bot.local_mode import local_values_for
+
+    host, port = _listen_address(settings, LOCAL_HOST)
+    env = {**local_values_for(host, port, workspace), **env}
+    if not env.get("OPSLOOP_TOOLS", "").strip():
+        env["OPSLOOP_TOOLS"] = LOCAL_TOOLS
+    return env
+
+
+def load_loaded(
+    env: dict[str, str] | None = None, path: str | None = None, *, profile: str | None = None
+) -> Loaded:
+    """The settings and file as :func:`load_configuration` reads them, except beside
+    `opsloop local` (:func:`beside_local`; ``profile="local"`` forces it, ``"serve"``
+    never takes it): then what local mode loads, its tool modules and, when no file is
+    named or found, its own ``localslack/opsloop.yaml`` for the page this machine's
+    ``OPSLOOP_HOST`` and ``PORT`` give."""
+    env = _environment() if env is None else env
+    if profile != "serve":
+        plain = load_settings(env)
+        workspace = beside_local(plain)
+        if workspace is None and profile == "local":
+            from bot.local_mode import workspace_file
+
+            workspace = workspace_file(plain)
+        if workspace is not None:
+            env = local_environment(env, plain, workspace)
+            settings, config = load_configuration(env, path)
+            if config is not None:
+                return Loaded(settings, config, workspace)
+            from bot.local_mode import bundled_config
+
+            bundled, file = bundled_config(env["OPSLOOP_LOCAL_URL"], workspace)
+            return Loaded(settings, bundled, workspace, bundled=file)
+    settings, config = load_configuration(env, path)
+    return Loaded(settings, config)
+
+
+def _beside_note(command: str, loaded: Loaded) -> None:
+    """One line on stderr: which configuration a command took beside `opsloop local`."""
+    if loaded.local is None:
+        return
+    own = loaded.bundled is not None
+    what = "its own localslack/opsloop.yaml" if own else "the configuration file"
+    _say_error(
+        f"{PROG} {command}: beside opsloop local ({_shown(loaded.local)}): its tool modules "
+        f"and {what}"
+    )
+
+
+def _shown(path: Path | str) -> str:
+    text = str(path)
+    return text if os.path.dirname(text) else os.path.join(".", text)
+
+
 def secrets_of(settings: Settings, config: ConfigFile | None) -> list[str]:
     """What the log must never show: tokens, keys and the file's header/env values."""
     found = [
@@ -106,7 +211,7 @@ def secrets_of(settings: Settings, config: ConfigFile | None) -> list[str]:
     ]
     if config is not None:
         for server in config.tools.mcp.values():
-            found += [*server.plain_headers().values(), *server.plain_env().values()]
+            found += server.secrets()  # its headers and what ${VAR} put in, not every env value
         for action in config.tools.http.values():
             found += action.plain_headers().values()
     return [s for s in found if s]
@@ -360,12 +465,18 @@ class ArchiveFile:
             self._file.close()
 
 
+# `archive --before`: how a zero cutoff may be written.
+ZERO_DURATIONS = ("0s", "0m", "0h", "0d")
+
+
 async def _archive(args: argparse.Namespace) -> int:
     from engine.archive import archive_threads
     from engine.config_file import parse_duration
 
     try:
-        age = parse_duration(args.before)
+        # Zero is a cutoff too (every thread that has ended, up to now); durations in
+        # opsloop.yaml start at 1, so parse_duration refuses it.
+        age = 0.0 if args.before in ZERO_DURATIONS else parse_duration(args.before)
     except ValueError as exc:
         raise CliError(f"{PROG} archive: --before {exc}") from None
     now = datetime.now(UTC)
@@ -428,9 +539,20 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from bot.doctor import run_doctor
 
-    settings, config = load_configuration()
+    profile = "local" if args.local else "serve" if args.serve else None
+    loaded = load_loaded(profile=profile)
+    settings, config = loaded.settings, loaded.config
     secrets = secrets_of(settings, config)
-    return asyncio.run(run_doctor(settings, config, manifest=args.manifest, secrets=secrets))
+    return asyncio.run(
+        run_doctor(
+            settings,
+            config,
+            manifest=args.manifest,
+            secrets=secrets,
+            local=loaded.local is not None,
+            strict=args.strict,
+        )
+    )
 
 
 # --- serve --------------------------------------------------------------------------
@@ -502,9 +624,8 @@ async def _http(
     """Serve on ``sock``; ``/metrics`` on ``metrics_sock`` alone when there is one."""
     from aiohttp import web
 
-    from bot.health import make_metrics_app
     from bot.http_limits import limited_runner
-    from bot.runtime import start_runtime, web_app
+    from bot.runtime import metrics_app, start_runtime, web_app
 
     runtime = await start_runtime(
         settings,
@@ -514,7 +635,7 @@ async def _http(
     )
     sites = [(web_app(runtime, metrics=metrics_sock is None), sock)]
     if metrics_sock is not None:
-        sites.append((make_metrics_app(runtime.store), metrics_sock))
+        sites.append((metrics_app(runtime), metrics_sock))
     # Slow senders are closed, not held (settings.http; bot.http_limits).
     runners = [
         limited_runner(app, settings.http, handle_signals=False, access_log=None)
@@ -595,9 +716,6 @@ def _cmd_serve(_args: argparse.Namespace) -> int:
 
 # --- local --------------------------------------------------------------------------
 
-LOCAL_HOST = "127.0.0.1"  # only this machine: the page acts as anyone in the workspace
-LOCAL_TOOLS = "tools.builtin,tools.demo"
-
 
 @contextlib.asynccontextmanager
 async def _local(
@@ -624,8 +742,12 @@ async def _local(
 def _cmd_local(_args: argparse.Namespace) -> int:
     """No Slack settings needed: the workspace is local, its token and secret made up."""
     env = _environment()
-    if not env.get("OPSLOOP_TOOLS", "").strip():
-        env["OPSLOOP_TOOLS"] = LOCAL_TOOLS
+    plain = load_settings(env)
+    # Its tool modules, and the ${OPSLOOP_LOCAL_*} values for a file that uses them (a
+    # copy of localslack/opsloop.yaml made one's own), as the CLI beside it sees them.
+    from bot.local_mode import workspace_file
+
+    env = local_environment(env, plain, workspace_file(plain))
     settings, config = load_configuration(env)
     host, port = _listen_address(settings, LOCAL_HOST)
     sock = _bind("local", host, port)
@@ -645,43 +767,64 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return asyncio.run(_trace(args))
 
 
+EXIT_MISMATCH = 1
+EXIT_NOT_LOADED = 3  # replay: a decision's tools are not loaded here; nothing to compare
+
+
 async def _replay(args: argparse.Namespace) -> int:
     from engine.replay import replay, replay_all
 
-    settings, _ = load_configuration()
-    store = await _open_store(settings)
+    loaded = load_loaded()
+    store = await _open_store(loaded.settings)
     try:
         info = await store.resolve_thread(args.thread)
         events = await store.select_events(info.id)
     finally:
         await store.close()
-    tools = _replay_tools(events, settings)
-    if args.all:
-        results = replay_all(events, tools)
-        for result in results:
-            print(result.verdict())
-        return 0 if all(r.matches for r in results) else 1
-    result = replay(events, tools, args.seq)
+    _beside_note("replay", loaded)
+    async with _replay_tools(events, loaded) as tools:
+        if args.all:
+            results = replay_all(events, tools)
+            for result in results:
+                print(result.verdict())
+            return _replay_status(results)
+        result = replay(events, tools, args.seq)
     if args.json:
         print(json.dumps(result.prompt.body(), ensure_ascii=False, sort_keys=True))
     else:
         _print_prompt(result.prompt)
     print(result.verdict(), file=sys.stderr if args.json else sys.stdout)
-    return 0 if result.matches else 1
+    return _replay_status([result])
 
 
-def _replay_tools(events: Sequence[Any], settings: Settings) -> list[Any]:
-    """The tools this process is configured with (its modules), and those `opsloop
-    local` adds (tools.demo) when the thread's decisions saw tools these lack: a thread
-    made by `opsloop local` replays with the tools it was made with. Each decision is
-    replayed with the tools it was offered (engine.replay.tools_for)."""
+def _replay_status(results: Sequence[Any]) -> int:
+    """1 when a request recomputed with all its tools differs; else 3 when some could not
+    be recomputed (their tools are not loaded here); else 0."""
+    if any(r.mismatch for r in results):
+        return EXIT_MISMATCH
+    return EXIT_NOT_LOADED if any(r.missing for r in results) else 0
+
+
+@contextlib.asynccontextmanager
+async def _replay_tools(events: Sequence[Any], loaded: Loaded) -> AsyncIterator[list[Any]]:
+    """The tools this process loads, as `serve` (or `opsloop local`, beside it) loads
+    them: the modules, and the file's sources that may hold a tool the thread's decisions
+    saw, opened for their definitions and closed again. A source that cannot open is one
+    line on stderr; each decision offered its tools says "tools not loaded here"."""
+    from bot.configured import close_sources, load_tools_of, may_provide, open_each
     from engine.replay import tools_seen
+    from tools.loader import close_tools
 
-    configured = list(settings.tool.modules)
-    load_tools(configured, settings=settings.tool)
-    if tools_seen(events) - set(REGISTRY.names()):
-        load_tools([*configured, *LOCAL_TOOLS.split(",")], settings=settings.tool)
-    return list(REGISTRY)
+    found = load_tools_of(loaded.settings, loaded.config)
+    seen = tools_seen(events)
+    wanted = [s for s in found.sources if may_provide(s, seen)]
+    try:
+        for problem in await open_each(wanted, found.tools):
+            _say_error(f"{PROG} replay: {problem}")
+        yield list(found.tools)
+    finally:
+        await close_sources(wanted)
+        await close_tools(found.modules)
 
 
 def _print_prompt(prompt: Any) -> None:
@@ -714,10 +857,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_tools(args: argparse.Namespace) -> int:
+    from bot.configured import unmatched_rules
     from bot.tool_list import list_tools
 
-    settings, config = load_configuration()
-    records = asyncio.run(list_tools(settings, config))
+    if args.from_server:
+        records = _served_tools(args.from_server)
+    else:
+        loaded = load_loaded()
+        _beside_note("tools", loaded)
+        records = asyncio.run(list_tools(loaded.settings, loaded.config))
+        rules = loaded.config.policy if loaded.config is not None else []
+        for unmatched in unmatched_rules(rules, [r.name for r in records]):
+            _say_error(f"{PROG} tools: warning: {unmatched.line()}")
     if args.json:
         for record in records:
             print(json.dumps(record.as_json(), ensure_ascii=False))
@@ -726,15 +877,44 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     for r in records:
         rule = "-" if r.rule is None else str(r.rule + 1)
         idem, drift = ("yes" if r.idempotent else "no"), ("DRIFTED" if r.drift else "-")
-        rows.append([r.name, r.source, r.policy, rule, idem, drift])
+        rows.append([r.name, r.shown_source, r.policy, rule, idem, drift])
     for line in _table(rows):
         print(line)
     return 0
 
 
+def _served_tools(url: str) -> list[Any]:
+    """``GET {url}/tools`` of a running ``opsloop serve``: the tools it offers now (each
+    MCP server that is up asked first), a warning line for each server that is down."""
+    import urllib.error
+    import urllib.request
+
+    from bot.tool_list import ToolRecord
+
+    where = url.rstrip("/") + "/tools"
+    try:
+        with urllib.request.urlopen(where, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        records = [ToolRecord.from_json(r) for r in answer["tools"]]
+        servers = list(answer.get("servers", []))
+    except urllib.error.HTTPError as exc:
+        text = f"{PROG} tools: {where} answered {exc.code} (is it opsloop serve?)"
+        raise CliError(text) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise CliError(f"{PROG} tools: cannot read {where}: {reason}") from None
+    for server in servers:
+        if not server.get("up"):
+            _say_error(
+                f"{PROG} tools: warning: MCP server {server.get('server')!r} is down "
+                f"({server.get('reason')}); its tools are not offered"
+            )
+    return records
+
+
 async def _policy_check(args: argparse.Namespace) -> int:
     from bot.configured import policy_set
-    from bot.policy_check import check_threads
+    from bot.policy_check import NOT_JUDGED, check_threads
     from engine.config_file import parse_duration
 
     since = None
@@ -743,7 +923,8 @@ async def _policy_check(args: argparse.Namespace) -> int:
             since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
         except ValueError as exc:
             raise CliError(f"{PROG} policy check: --since {exc}") from None
-    settings, config = load_configuration(path=args.config)
+    loaded = load_loaded(path=args.config)
+    settings, config = loaded.settings, loaded.config
     load_tools(settings.tool.modules, settings=settings.tool)
     store = await _open_store(settings)
     try:
@@ -757,14 +938,24 @@ async def _policy_check(args: argparse.Namespace) -> int:
         )
     finally:
         await store.close()
+    _beside_note("policy check", loaded)
     for finding in findings:
         print(finding.line())
     failing = sum(f.fails for f in findings)
-    print(
-        f"{checked} recorded calls checked: {len(findings)} would be decided differently, "
-        f"{failing} looser or mixed"
+    summary = (
+        f"{checked} recorded calls checked: {sum(f.changed for f in findings)} would be "
+        f"decided differently, {failing} looser or mixed"
     )
-    return 1 if failing else 0
+    if same := sum(f.comparison == "same" for f in findings):
+        summary += f"; {same} by another rule to the same effect"
+    unknown = sorted({f.call.intent for f in findings if f.comparison == NOT_JUDGED})
+    if unknown:
+        judged = sum(f.comparison == NOT_JUDGED for f in findings)
+        summary += f"; {judged} not judged (not loaded here: {', '.join(unknown)})"
+    print(summary)
+    if failing:
+        return 1
+    return EXIT_NOT_LOADED if unknown else 0
 
 
 def _cmd_policy_check(args: argparse.Namespace) -> int:
@@ -773,21 +964,81 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     """Load what ``serve`` loads, by the same code, short of connecting to MCP servers:
-    the settings and the file, the tool modules it names, its HTTP actions."""
+    the settings and the file, the tool modules it names, its HTTP actions; then the
+    rules that match none of those tools (a warning, an error with ``--strict``)."""
     from bot.configured import check_loading
 
     env = _environment()
-    settings, config = load_configuration(env, path=args.file)
-    asyncio.run(check_loading(settings, config))
+    if args.no_env:
+        return _config_shape(args, env)
+    loaded = load_loaded(env, path=args.file)
+    settings, config = loaded.settings, loaded.config
+    found = asyncio.run(check_loading(settings, config))
     if config is None:
         print("no configuration file (OPSLOOP_CONFIG, ./opsloop.yaml): the environment alone")
         return 0
-    name = args.file or env.get("OPSLOOP_CONFIG", "").strip() or "opsloop.yaml"
+    _beside_note("config check", loaded)
+    if loaded.bundled is not None:
+        file = loaded.bundled
+        name = os.path.relpath(file) if _inside_cwd(file) else str(file)
+    else:
+        name = args.file or env.get("OPSLOOP_CONFIG", "").strip() or "opsloop.yaml"
+    if not _rules_match(name, config, found.tools.names(), strict=args.strict):
+        return EXIT_USAGE
     tools = config.tools
     print(
         f"{name}: valid ({len(tools.modules)} modules, {len(tools.mcp)} MCP servers, "
         f"{len(tools.http)} HTTP actions, {len(config.policy)} rules; "
         f"policy hash {config.policy_hash[:12]})"
+    )
+    return 0
+
+
+def _inside_cwd(path: Path) -> bool:
+    return path.resolve().is_relative_to(Path.cwd().resolve())
+
+
+def _rules_match(name: str, config: ConfigFile, loaded: Sequence[str], *, strict: bool) -> bool:
+    """Say which rules match no tool the file's process loads (its modules, its HTTP
+    actions, the allowlists of its MCP servers; a server without one is not asked, so a
+    rule that may match its tools is not counted): a warning each on stderr, or, with
+    ``strict``, an error each and False."""
+    from bot.configured import known_without_connecting, unmatched_rules
+
+    allowlisted, unknown = known_without_connecting(config)
+    problems = unmatched_rules(config.policy, [*loaded, *allowlisted], unknown)
+    for problem in problems:
+        _say_error(f"{PROG}: {'' if strict else 'warning: '}{problem.line(name)}")
+    return not (strict and problems)
+
+
+def _config_shape(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """``config check --no-env``: the file alone (the environment only says where it is):
+    every ``${VAR}`` a placeholder, the variables it needs named."""
+    from bot.configured import check_loading
+    from engine.config_file import read_shape
+
+    read = read_shape(args.file, env)
+    if read is None:
+        print("no configuration file (OPSLOOP_CONFIG, ./opsloop.yaml): nothing to check")
+        return 0
+    name, shape = read
+    needs = f"; it needs {', '.join(shape.needs)} set" if shape.needs else ""
+    if shape.config is None:
+        print(
+            f"{name}: valid in shape, but only the variables' values can tell for "
+            f"{', '.join(shape.unchecked)}{needs}"
+        )
+        return 0
+    config = shape.config
+    settings = load_settings({}, file=config.env_values())  # the file's settings alone
+    found = asyncio.run(check_loading(settings, config))
+    if not _rules_match(name, config, found.tools.names(), strict=args.strict):
+        return EXIT_USAGE
+    tools = config.tools
+    print(
+        f"{name}: valid in shape ({len(tools.modules)} modules, {len(tools.mcp)} MCP "
+        f"servers, {len(tools.http)} HTTP actions, {len(config.policy)} rules){needs}"
     )
     return 0
 
@@ -835,6 +1086,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     tools = sub.add_parser("tools", help="list every tool: source, default policy, drift")
     tools.add_argument("--json", action="store_true", help="one JSON object per line")
+    tools.add_argument(
+        "--from-server",
+        metavar="URL",
+        help="what a running `opsloop serve` offers (its GET /tools; drift: redefined "
+        "while it ran), e.g. http://127.0.0.1:3000",
+    )
     tools.set_defaults(func=_cmd_tools)
 
     policy = sub.add_parser("policy", help="check a policy file against recorded calls")
@@ -853,6 +1110,14 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="exit 0 when valid, 2 with one line naming the key when not"
     )
     config_check.add_argument("file", metavar="FILE", nargs="?", help="default: opsloop.yaml")
+    config_check.add_argument(
+        "--strict", action="store_true", help="a rule that matches no tool is an error (exit 2)"
+    )
+    config_check.add_argument(
+        "--no-env",
+        action="store_true",
+        help="check the file's shape without its ${VARIABLES} set; name the ones it needs",
+    )
     config_check.set_defaults(func=_cmd_config_check)
 
     migrate = sub.add_parser("migrate", help="take the database to this release's schema")
@@ -865,7 +1130,10 @@ def build_parser() -> argparse.ArgumentParser:
         "archive", help="move threads that ended before a cutoff into a JSON Lines file"
     )
     archive.add_argument(
-        "--before", metavar="DURATION", required=True, help="ended this long ago, e.g. 90d"
+        "--before",
+        metavar="DURATION",
+        required=True,
+        help="ended this long ago, e.g. 90d; 0s: every thread that has ended",
     )
     archive.add_argument(
         "--to", metavar="FILE", help="append to this file (default ./opsloop-archive-DATE.jsonl)"
@@ -878,6 +1146,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the database, Slack, the model and MCP servers")
     doctor.add_argument(
         "--manifest", metavar="FILE", help="the Slack app manifest (default ./manifest.yml)"
+    )
+    which = doctor.add_mutually_exclusive_group()
+    which.add_argument(
+        "--local",
+        action="store_true",
+        help="check what opsloop local needs (the default beside its workspace file)",
+    )
+    which.add_argument(
+        "--serve", action="store_true", help="check what opsloop serve needs, even beside it"
+    )
+    doctor.add_argument(
+        "--strict", action="store_true", help="a warning (a rule matching no tool) fails too"
     )
     doctor.set_defaults(func=_cmd_doctor)
     return parser

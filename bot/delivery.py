@@ -23,6 +23,12 @@ read back (conversations.replies) and what is there gets its receipt instead of 
 second post. A post outside the thread (an expiry escalated to a channel) is looked for
 in that channel (conversations.history); one Slack refuses there for good goes in the
 thread instead.
+
+A thread an alert opened is stored before it has a place in Slack (its root is a
+placeholder, ``engine.alerts.pending_root``): its first post is the alert, at the top of
+the channel, and the thread then moves to that post (``Store.set_root``) before anything
+else is posted in it. Where that post may be in Slack without the move, it is looked for
+at the top of the channel by its metadata, as an escalation's post is.
 """
 
 from __future__ import annotations
@@ -41,18 +47,22 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.oncall import OnCall
 from bot.outbox import (
     Outbound,
     metadata,
+    on_call_in,
     pending_deliveries,
     render,
     shown_event,
     shown_upto,
 )
 from bot.render.notification import fallback_text
+from bot.render.oncall import OnCallNow
 from bot.slack_metrics import instrument
 from engine import events as ev
 from engine import faults
+from engine.alerts import is_pending_root
 from engine.leases import Lease
 from engine.logs import bind
 from engine.retrying import retrying
@@ -68,6 +78,7 @@ MAX_RETRIES = 10  # in-process retries in a row; then the next deliver call or a
 _MAX_STEPS = 1000  # Slack calls per pass; the next pass does the rest
 _REMEMBERED = 10_000  # threads this process remembers having looked up in Slack
 _MAX_HISTORY_PAGES = 10  # of a channel, looking for a post made outside the thread
+ROOT_LOOKBACK_S = 600.0  # an alert's root post is looked for from this long before it
 
 
 class _Stop(Exception):
@@ -86,7 +97,9 @@ class Delivery:
     the same owner is used and left in place). ``reviewers``: the process's rule, whose
     approvers the status message names for a call that records no rule of its own.
     ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
-    (None: only the next ``deliver`` call retries).
+    (None: only the next ``deliver`` call retries). ``on_call``: who is on call, for
+    the ``oncall:`` approvers a card shows and a reminder or an escalation mentions
+    (None: no PagerDuty here; they are said to reach nobody).
     """
 
     def __init__(
@@ -100,8 +113,10 @@ class Delivery:
         lease_ttl: float = 30.0,
         retry_base: float | None = 2.0,
         clock: Callable[[], datetime] = ev.utcnow,
+        on_call: OnCall | None = None,
     ) -> None:
         self.store = store
+        self.on_call = on_call
         # Every call of this client (and of the copy below) is counted for GET /metrics.
         self.client = instrument(client)
         # slack_sdk re-sends a post after a connection error: a second message if the
@@ -234,6 +249,8 @@ class Delivery:
         if where is None:
             info = info or await self.store.get_thread(thread_id)
             where = (info.channel, info.root_ts)
+        if is_pending_root(where[1]):  # an alert's root, not posted yet: it will move
+            return _SlackThread(self, thread_id, *where)
         self._where[thread_id] = where  # the least recently used is forgotten first
         if len(self._where) > _REMEMBERED:
             del self._where[next(iter(self._where))]
@@ -338,6 +355,21 @@ class _SlackThread:
         self.thread_id = thread_id
         self.channel = channel
         self.root_ts = root_ts
+
+    @property
+    def unrooted(self) -> bool:
+        """Whether the thread's root is still a placeholder: an alert's thread whose
+        post at the top of the channel is not known to be there (it has no thread in
+        Slack yet to look back through or post into)."""
+        return is_pending_root(self.root_ts)
+
+    async def rooted(self, ts: str) -> None:
+        """The root is the bot's post at ``ts``: the thread moves there (its row first,
+        so replies in Slack find it), and so do this pass's posts."""
+        await self.d.store.set_root(self.thread_id, self.root_ts, ts)
+        self.root_ts = ts
+        self.d._where.pop(self.thread_id, None)
+        self.d._where[self.thread_id] = (self.channel, ts)
 
     async def look_back(self, wanted: list[str]) -> dict[str, dict[str, Any]]:
         """The first message in the thread showing each event of ``wanted``, by its id."""
@@ -561,7 +593,10 @@ class _Pass:
         """Record receipts for the posts already in the Slack thread (for the status
         message, also the receipt of the last event whose state it shows)."""
         wanted = [item.event.event_id for item in todo if item.kind == "post"]
-        found = await self.slack.look_back(wanted)
+        if self.slack.unrooted:
+            found = await self._look_for_root(todo)
+        else:
+            found = await self.slack.look_back(wanted)
         known = {e.event_id for e in self.sink.events}
         receipts: list[ev.MessagePosted] = []
         for eid in (eid for eid in wanted if eid in found):
@@ -587,6 +622,32 @@ class _Pass:
             await self.sink.record(receipts)
         self.d._note_looked(self.thread_id)
 
+    async def _on_call(self, item: Outbound) -> OnCallNow | None:
+        """Who is on call for the entries ``item`` names (bounded: a lookup that fails
+        or is slow is shown as not known, never holds the thread)."""
+        entries = on_call_in(item)
+        if not entries or self.d.on_call is None:
+            return None
+        return await self.d.on_call.now(entries)
+
+    async def _look_for_root(self, todo: list[Outbound]) -> dict[str, dict[str, Any]]:
+        """An alert's thread whose root is a placeholder: its post may be at the top of
+        the channel all the same (a crash between Slack's answer and the thread's move),
+        found by its metadata; if so, the thread moves there. Nothing else of the thread
+        can be in Slack before its root."""
+        root = next((i for i in todo if i.status is not None and i.status.root), None)
+        if root is None:
+            return {}
+        eid = root.event.event_id
+        # Slack's clock against ours: a generous margin before the alert arrived.
+        since = f"{root.event.created_at.timestamp() - ROOT_LOOKBACK_S:.6f}"
+        found = await self.slack.look_in_channel(self.slack.channel, eid, since)
+        if found is None:
+            return {}
+        log.info("root post found thread_id=%s ts=%s", self.thread_id, found["ts"])
+        await self.slack.rooted(found["ts"])
+        return {eid: found}
+
     async def _show(self, item: Outbound) -> None:
         with bind(thread_id=self.thread_id, event_id=item.event.event_id):
             await self._show_now(item)
@@ -598,7 +659,9 @@ class _Pass:
         link = None
         if item.kind == "post" and item.card is not None and item.card_ts:
             link = await self.slack.permalink(item.card_ts, where)  # a reminder's, say
-        message = _message(item, link)
+        # Looked up as it is shown: a card says who is on call now (a click asks again).
+        on_call = await self._on_call(item)
+        message = _message(item, link, on_call)
         status = item.status
         if status is not None:  # the first user_message's, and the state's last event
             shows = metadata(self.thread_id, status.anchor, upto=status.upto)
@@ -609,6 +672,17 @@ class _Pass:
         if item.kind == "update":
             assert item.card_ts, "a message is posted before its update"
             ts, channel = await self.slack.update(item.card_ts, message, shows, where)
+        elif status is not None and status.root is not None:
+            # An alert's thread: its root is this post at the top of the channel. The
+            # thread moves to it before the receipt is recorded; a crash between the
+            # post and the move is healed by _look_for_root, one after the move by
+            # look_back (the root is the first message of its own thread).
+            ts, channel = await self.slack.post(message, shows, where, self.slack.channel)
+            try:
+                await self.slack.rooted(ts)
+            except BaseException:
+                self.d._unsure.add(self.thread_id)  # posted, but the thread did not move
+                raise
         elif item.channel and not item.refusal:
             try:
                 ts, channel = await self.slack.post(message, shows, where, item.channel)
@@ -618,7 +692,7 @@ class _Pass:
                 # Refused there for good (not in the channel, archived): in the thread
                 # instead, saying so, rather than never.
                 log.warning("post refused channel=%s %s error=%s", item.channel, where, refusal)
-                message = _message(replace(item, refusal=refusal), link)
+                message = _message(replace(item, refusal=refusal), link, on_call)
                 ts, channel = await self.slack.post(message, shows, where)
         else:
             ts, channel = await self.slack.post(message, shows, where)
@@ -633,8 +707,10 @@ class _Pass:
             raise
 
 
-def _message(item: Outbound, card_link: str | None) -> dict[str, Any]:
-    blocks = render(item, card_link)
+def _message(
+    item: Outbound, card_link: str | None, on_call: OnCallNow | None = None
+) -> dict[str, Any]:
+    blocks = render(item, card_link, on_call)
     return {"text": fallback_text(blocks), "blocks": blocks}
 
 

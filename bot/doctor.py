@@ -1,6 +1,6 @@
 """``opsloop doctor``: is this process's setup one that ``opsloop serve`` can run on?
 
-One line per check, ``ok`` or ``FAIL``, its name and a detail; exit status 1 when any
+One line per check, ``ok``, ``warn`` or ``FAIL``, its name and a detail; exit status 1 when any
 fails. The checks, each given ``CHECK_TIMEOUT_S`` (they run together):
 
 * ``database``: reachable, and at this release's schema revision (engine.migrations);
@@ -13,12 +13,21 @@ fails. The checks, each given ``CHECK_TIMEOUT_S`` (they run together):
   through ``ANTHROPIC_BASE_URL``: no tokens spent);
 * ``mcp <server>``, one per server of the configuration file: it starts, lists its
   tools (its ``tools`` allowlist present), and lists them again to the same definition
-  hashes (``opsloop tools``' drift check: what a call is pinned to at approval). A
+  hashes (``opsloop tools``' drift check: what a call is pinned to at approval); a tool
+  left out because the model API would refuse it (its schema, its name) is a ``warn``. A
   server gets the connect time ``opsloop serve`` gives it, not ``CHECK_TIMEOUT_S``: a
   stdio server that starts an interpreter (npx, uvx, python) on a busy host can take
-  seconds, and a doctor stricter than serve would fail a setup that runs.
+  seconds, and a doctor stricter than serve would fail a setup that runs;
+* ``policy rules``: each rule of the file matches a tool the process loads (its
+  modules, imported here, its HTTP actions and what the MCP checks found); one that
+  matches none decides nothing and is a ``warn`` line (``--strict``: FAIL), checked last.
 
 No detail shows a secret: every line is scrubbed of the process's tokens and keys.
+
+The local profile (``opsloop doctor --local``, or run beside `opsloop local`: see
+``bot.cli.beside_local``) checks what local mode needs: it makes its own Slack
+workspace, so the Slack checks say "not needed by opsloop local", and the model is
+checked only when ``ANTHROPIC_API_KEY`` is set (without one it runs offline).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import yaml
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.configured import check_loading, unmatched_rules
 from engine.config import DEFAULT_MODEL, Settings
 from engine.config_file import ConfigFile
 from engine.db import DatabaseConfig, parse_database_url
@@ -71,13 +81,19 @@ class Result:
     name: str
     ok: bool
     detail: str
+    warn: bool = False  # ok, but worth a look (``--strict`` makes it a FAIL)
 
     def line(self, width: int) -> str:
-        return f"{'ok' if self.ok else 'FAIL':<4}  {self.name:<{width}}  {self.detail}"
+        status = "FAIL" if not self.ok else "warn" if self.warn else "ok"
+        return f"{status:<4}  {self.name:<{width}}  {self.detail}"
 
 
 class CheckFailed(Exception):
     """A check's one-line reason to fail."""
+
+
+class CheckWarning(Exception):
+    """A check's one-line warning: the setup runs, but something in it does nothing."""
 
 
 Check = tuple[str, Callable[[], Awaitable[str]], float]
@@ -260,7 +276,12 @@ async def check_model(settings: Settings) -> str:
 # --- MCP servers --------------------------------------------------------------------
 
 
-async def check_mcp(name: str, spec: McpServerConfig) -> str:
+async def check_mcp(
+    name: str, spec: McpServerConfig, noted: dict[str, list[str] | None] | None = None
+) -> str:
+    """``noted[name]``: the server's tool names when it listed them, else None."""
+    noted = {} if noted is None else noted
+    noted[name] = None
     source = McpSource(name, spec)
     try:
         tools = await source.open()  # McpLoadError: unreachable, allowlist not served
@@ -269,34 +290,97 @@ async def check_mcp(name: str, spec: McpServerConfig) -> str:
         raise CheckFailed(one_line(exc)) from None
     finally:
         await source.close()
+    noted[name] = [t.name for t in tools]
     drifted = sorted(t.name for t in tools if now.get(t.name) != t.definition_hash)
     if drifted:
         raise CheckFailed(
             f"definitions changed between two listings: {', '.join(drifted)} "
             "(calls approved under one are refused under the other)"
         )
+    if source.left_out:  # what the model API would refuse (one warning line each at serve)
+        raise CheckWarning(
+            f"reachable ({spec.transport}); {len(tools)} tools, definitions stable; "
+            f"left out (serve runs without them): {'; '.join(source.left_out)}"
+        )
     return f"reachable ({spec.transport}); {len(tools)} tools, definitions stable"
+
+
+# --- the policy's rules --------------------------------------------------------------
+
+
+async def check_rules(
+    settings: Settings, config: ConfigFile, mcp_tools: dict[str, list[str] | None]
+) -> str:
+    """Every rule matches a tool the process loads: its modules and HTTP actions, loaded
+    here as ``opsloop config check`` loads them, and the tools the MCP checks found
+    (``mcp_tools``; None: that server's tools are not known, so a rule that may match
+    one is not counted)."""
+    try:
+        loaded = await check_loading(settings, config)
+    except ToolError as exc:
+        raise CheckFailed(one_line(exc)) from None
+    names = [*loaded.tools.names(), *(n for found in mcp_tools.values() for n in found or ())]
+    unknown = [server for server, found in mcp_tools.items() if found is None]
+    problems = unmatched_rules(config.policy, names, unknown)
+    if problems:
+        raise CheckWarning("; ".join(p.line() for p in problems))
+    return f"each of the {len(config.policy)} rules matches a tool ({len(names)} tools)"
 
 
 # --- running them -------------------------------------------------------------------
 
+LOCAL = "not needed by opsloop local"
 
-def checks(settings: Settings, config: ConfigFile | None, manifest: str | None) -> list[Check]:
+
+async def _not_needed(why: str) -> str:
+    return f"{LOCAL} ({why})"
+
+
+async def check_local_model(settings: Settings) -> str:
+    """Local mode asks Claude when a key is set (then it must work), else runs offline."""
+    if not settings.model.api_key.strip():
+        return f"{LOCAL}: without ANTHROPIC_API_KEY it runs its offline phrasebook model"
+    return await check_model(settings)
+
+
+def checks(
+    settings: Settings,
+    config: ConfigFile | None,
+    manifest: str | None,
+    *,
+    local: bool = False,
+    mcp_tools: dict[str, list[str] | None] | None = None,
+) -> list[Check]:
+    """The checks; ``local``: for `opsloop local`, which makes its own Slack workspace
+    (token, scopes and signing secret) and needs no model key. Each MCP check notes the
+    tools it found in ``mcp_tools`` (None when it failed) for :func:`check_rules`."""
     slack = Slack(settings)
     found: list[Check] = [
         ("database", lambda: check_database(settings), CHECK_TIMEOUT_S),
         ("clock", lambda: check_clock(settings), CHECK_TIMEOUT_S),
-        ("slack token", slack.token, CHECK_TIMEOUT_S),
-        ("slack scopes", lambda: slack.scopes(manifest), CHECK_TIMEOUT_S),
-        ("signing secret", lambda: check_signing_secret(settings), CHECK_TIMEOUT_S),
-        ("model", lambda: check_model(settings), CHECK_TIMEOUT_S),
     ]
+    if local:
+        workspace = "the local workspace makes its own"
+        found += [
+            ("slack token", partial(_not_needed, f"{workspace} token"), CHECK_TIMEOUT_S),
+            ("slack scopes", partial(_not_needed, f"{workspace} app"), CHECK_TIMEOUT_S),
+            ("signing secret", partial(_not_needed, f"{workspace} secret"), CHECK_TIMEOUT_S),
+            ("model", lambda: check_local_model(settings), CHECK_TIMEOUT_S),
+        ]
+    else:
+        found += [
+            ("slack token", slack.token, CHECK_TIMEOUT_S),
+            ("slack scopes", lambda: slack.scopes(manifest), CHECK_TIMEOUT_S),
+            ("signing secret", lambda: check_signing_secret(settings), CHECK_TIMEOUT_S),
+            ("model", lambda: check_model(settings), CHECK_TIMEOUT_S),
+        ]
     servers = config.tools.mcp if config is not None else {}
+    noted = {} if mcp_tools is None else mcp_tools
     for name, spec in servers.items():
         # The connect (start, initialize, first listing) as serve allows it, then the
         # second listing within the usual check time.
         allowed = CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S
-        found.append((f"mcp {name}", partial(check_mcp, name, spec), allowed))
+        found.append((f"mcp {name}", partial(check_mcp, name, spec, noted), allowed))
     return found
 
 
@@ -304,6 +388,8 @@ async def _run(name: str, check: Callable[[], Awaitable[str]], allowed_s: float)
     try:
         async with asyncio.timeout(allowed_s):
             return Result(name, True, await check())
+    except CheckWarning as exc:
+        return Result(name, True, str(exc), warn=True)
     except CheckFailed as exc:
         return Result(name, False, str(exc))
     except TimeoutError:
@@ -325,10 +411,22 @@ async def run_doctor(
     manifest: str | None = None,
     secrets: Sequence[str] = (),
     out: Callable[[str], None] = print,
+    local: bool = False,
+    strict: bool = False,
 ) -> int:
-    """Run every check; print one line each, in order; 1 if any failed, else 0."""
-    todo = checks(settings, config, manifest)
-    results = await asyncio.gather(*(_run(*check) for check in todo))
+    """Run every check; print one line each, in order; 1 if any failed (with
+    ``strict``, or warned), else 0. The rules are checked last, against the tools the
+    MCP checks found."""
+    mcp_tools: dict[str, list[str] | None] = {}
+    todo = checks(settings, config, manifest, local=local, mcp_tools=mcp_tools)
+    results = list(await asyncio.gather(*(_run(*check) for check in todo)))
+    if config is not None and config.policy:
+        rules = partial(check_rules, settings, config, mcp_tools)
+        # Importing the tool modules is local work, but slow on a loaded machine.
+        allowed = CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S
+        results.append(await _run("policy rules", rules, allowed))
+    if strict:
+        results = [Result(r.name, False, r.detail) if r.warn else r for r in results]
     width = max(len(r.name) for r in results)
     for result in results:
         out(scrub(result.line(width), secrets))

@@ -4,9 +4,10 @@ The one module of ``bot/`` that knows :mod:`localslack`, and they meet where an 
 meets Slack: the app gets the workspace's bot token, signing secret and Web API URL
 (``SLACK_API_URL``), the workspace gets the app's request URL. One aiohttp app serves
 what ``opsloop serve`` serves (``POST /slack/events``, ``GET /healthz``,
-``POST /hooks/{wait_id}``) and the workspace's routes (its Web API and the page). The
-Bolt app, the runtime and the worker are the production ones, built by
-:func:`bot.runtime.start_runtime`.
+``POST /hooks/{wait_id}``, and ``/hooks/github`` and ``/alerts/{source}`` as its
+opsloop.yaml enables them) and the workspace's routes (its Web API, the page, and the
+GitHub and PagerDuty the bundled opsloop.yaml points at). The Bolt app, the runtime and
+the worker are the production ones, built by :func:`bot.runtime.start_runtime`.
 
 Order matters at both ends. Starting: the socket is bound first (so a busy port fails
 before anything starts), then the runtime, then the page and the deliveries the last
@@ -33,8 +34,9 @@ from engine.config_file import ConfigFile
 from engine.errors import ConfigError
 from engine.models.base import Model
 from localslack.app_link import SLACK_RETRY_DELAYS, AppLink
-from localslack.demo import DemoPlatform, demo_config
-from localslack.server import LocalSlack
+from localslack.demo import DEMO_CONFIG, DemoPlatform, demo_config, local_values
+from localslack.integrations import LocalIntegrations
+from localslack.server import LocalSlack, page_url
 from localslack.state_file import StateFile, state_path
 from localslack.ui import LocalUi, ModelInfo
 from localslack.workspace import Workspace
@@ -56,6 +58,7 @@ class Local:
     ui: LocalUi
     web_runner: web.AppRunner
     platform: DemoPlatform = field(default_factory=DemoPlatform)
+    integrations: LocalIntegrations | None = None
 
     async def close(self, grace: float = 20.0) -> None:
         """Stop taking input, let the worker reach a boundary (it still posts here), then
@@ -67,6 +70,8 @@ class Local:
         finally:
             with contextlib.suppress(Exception):
                 await self.web_runner.cleanup()
+            if self.integrations is not None:  # its runs' clocks and webhooks under way
+                await self.integrations.close()
             await self.state.save()
 
 
@@ -93,6 +98,9 @@ async def start_local(
     slack = LocalSlack(bound, port, path, retry_delays=retry_delays)
     if config is None and bundled:
         config = demo_config(slack.url, path)
+    # The page's "Fire an alert" posts to /alerts/generic when the file enables it.
+    generic = config.alerts.generic if config is not None else None
+    slack.integrations.alert_channel = generic.channel if generic is not None else None
     # The bot's Slack is this workspace, as `opsloop serve`'s is the one it was installed in.
     settings = replace(settings, slack=replace(settings.slack, api_url=slack.api_url))
     runtime = await start_runtime(
@@ -130,7 +138,28 @@ async def start_local(
         ui,
         web_runner,
         slack.platform,
+        slack.integrations,
     )
+
+
+# --- what local mode loads, for the CLI beside it (bot/cli.py) ---------------------------
+
+
+def workspace_file(settings: Settings) -> Path:
+    """Where local mode keeps its workspace for these settings (``start_local``'s default)."""
+    where = {"OPSLOOP_LOCAL_STATE": settings.local_state or ""}
+    return state_path(settings.database_url, where)
+
+
+def local_values_for(host: str, port: int, workspace: Path) -> dict[str, str]:
+    """The ``${OPSLOOP_LOCAL_*}`` values of a run listening on ``host``:``port`` (the
+    page's URL as :class:`LocalSlack` makes it) with its workspace in ``workspace``."""
+    return local_values(page_url(host, port), workspace)
+
+
+def bundled_config(url: str, workspace: Path) -> tuple[ConfigFile, Path]:
+    """Local mode's own configuration for the page at ``url``, and its file."""
+    return demo_config(url, workspace), DEMO_CONFIG
 
 
 def choose_model(

@@ -31,18 +31,24 @@ A ``tool_outcome_unknown`` posts the reconcile card (its buttons bound to the ca
 its arguments hash), updated in place by the ``reconcile_decided`` (or cancellation)
 that closes it.
 
+A thread an alert opened (its first event an ``alert_received``) has no message of a
+person at its root: the bot's post of the alert, at the top of the channel, is its root
+and its status message at once (updated in place when the status changes or the alert
+resolves); the same alert firing again or resolving is a line in the thread.
+
 Pure: no I/O here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
 from bot.limits import Block
 from bot.mrkdwn import USER_ID
+from bot.render.alerts import alert_root
 from bot.render.approval import (
     NO_NOTES,
     NO_VOTES,
@@ -54,6 +60,7 @@ from bot.render.approval import (
     decided_card,
 )
 from bot.render.lines import event_line, granted_line
+from bot.render.oncall import OnCallNow, on_call_blocks, on_call_entries
 from bot.render.reconcile import reconcile_card, reconciled_card
 from bot.render.reminders import escalation_channel, escalation_post, reminder_reply
 from bot.render.status import status_message
@@ -83,12 +90,17 @@ class StatusView:
     ``anchor`` is the thread's first ``user_message``, the event the message's metadata
     (and its first receipt) names; ``reviewers`` (the process's rule) are named while an
     approval of a call that records no rule of its own is awaited.
+
+    A thread an alert opened (``root``, its first event, is the anchor) shows its status
+    on the bot's post of the alert at the top of the channel, the thread's root: posted
+    there, not in the thread, and updated in place as the status or the alert changes.
     """
 
     state: ThreadState
     anchor: str
     upto: str
     reviewers: ReviewerRule = ANYONE
+    root: ev.AlertReceived | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,8 @@ class Outbound:
     channel: str = ""
     refusal: str = ""
     reminded_at: datetime | None = None
-    grant: Grant | None = None  # the standing grant that approved the call at once
+    grant: Grant | ev.GrantUse | None = None  # the standing grant that approved it at once
+    created: ev.GrantCreated | None = None  # the grant the deciding vote made with it
 
 
 def pending_deliveries(
@@ -149,13 +162,19 @@ def pending_deliveries(
     for e in events:
         if isinstance(e, ev.MessagePosted):
             receipts.setdefault(e.shows_event_id, []).append(e.ts)
-    first = next((e for e in events if isinstance(e, ev.UserMessage)), None)
+    first: ev.UserMessage | ev.AlertReceived | None
+    if events and isinstance(events[0], ev.AlertReceived):
+        first = events[0]  # the alert that opened the thread: its root post is the status
+    else:
+        first = next((e for e in events if isinstance(e, ev.UserMessage)), None)
     # The status message's ts: the first receipt of the first user_message carries it.
     status_ts = next((ts for ts in receipts.get(first.event_id, ()) if ts), "") if first else ""
-    walk = _Walk(first.actor if first is not None else None)
+    walk = _Walk(first.actor if isinstance(first, ev.UserMessage) else None)
     status_shows = ThreadState()  # the state the status message shows (see _status)
     for e in events:
         walk.before, walk.state = walk.state, apply(walk.state, e)
+        # An alert's thread has a requester once a person writes in it.
+        walk.requester = walk.requester or walk.state.requester
         if USER_ID.match(e.actor) and e.actor not in walk.people:
             walk.people = walk.people | {e.actor}
         ts_of = receipts.get(e.event_id, ())
@@ -293,7 +312,9 @@ def _user_message(w: _Walk, e: ev.UserMessage, shown: list[str]) -> None:
 
 def _approval_granted(w: _Walk, e: ev.ApprovalGranted, shown: list[str]) -> None:
     if e.actor.startswith(GRANT_PREFIX):  # approved at once, no card: a line says by whom
-        grant = w.before.grants.get(e.actor.removeprefix(GRANT_PREFIX))
+        # The grant as the approval names it (a channel-wide one lives in another
+        # thread), or, in logs from before that, as this thread's state holds it.
+        grant = e.grant or w.before.grants.get(e.actor.removeprefix(GRANT_PREFIX))
         call = w.calls.get(e.tool_call_id)
         if not shown and grant is not None and call is not None:
             w.out.append(Outbound("post", e, w.requester, call, people=w.people, grant=grant))
@@ -356,9 +377,24 @@ def _approval_expired(w: _Walk, e: ev.ApprovalExpired, shown: list[str]) -> None
         w.post_about(e, opened, shown, channel=escalation_channel(call.escalate_to))
 
 
+def _grant_created(w: _Walk, e: ev.GrantCreated, shown: list[str]) -> None:
+    """The vote that made it closed the card just now: the decided card says so."""
+    for i, item in enumerate(w.out):
+        closing = item.kind == "update" and isinstance(item.event, ev.ApprovalGranted)
+        if closing and item.call is not None and item.call.tool_call_id == e.tool_call_id:
+            w.out[i] = replace(item, created=e)
+
+
 def _reconcile_decided(w: _Walk, e: ev.ReconcileDecided, shown: list[str]) -> None:
     if (checking := w.checks.pop(e.tool_call_id, None)) is not None:
         w.settle(checking, e, shown)
+
+
+def _alert_received(w: _Walk, e: ev.AlertReceived, shown: list[str]) -> None:
+    """The alert that opened the thread is its root post (the status message); the
+    same alert firing again, or resolving, is a line in the thread."""
+    if w.before.status != "new":
+        _line(w, e, shown)
 
 
 def _thread_cancelled(w: _Walk, e: ev.ThreadCancelled, shown: list[str]) -> None:
@@ -379,6 +415,7 @@ def _thread_cancelled(w: _Walk, e: ev.ThreadCancelled, shown: list[str]) -> None
 # type is a line of its own when its facts say people see it as one (``_line``).
 SHOWS: dict[type[ev.Event], Callable[[_Walk, Any, list[str]], None]] = {
     ev.UserMessage: _user_message,
+    ev.AlertReceived: _alert_received,
     ev.ToolCallRequested: _tool_call_requested,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalGranted: _approval_granted,
@@ -387,6 +424,7 @@ SHOWS: dict[type[ev.Event], Callable[[_Walk, Any, list[str]], None]] = {
     ev.ApprovalWithdrawn: _approval_closed,
     ev.ApprovalReminded: _approval_reminded,
     ev.ApprovalEdited: _approval_edited,
+    ev.GrantCreated: _grant_created,
     ev.ToolOutcomeUnknown: _tool_outcome_unknown,
     ev.ReconcileDecided: _reconcile_decided,
     ev.ThreadCancelled: _thread_cancelled,
@@ -394,7 +432,7 @@ SHOWS: dict[type[ev.Event], Callable[[_Walk, Any, list[str]], None]] = {
 
 
 def _status(
-    first: ev.UserMessage,
+    first: ev.UserMessage | ev.AlertReceived,
     last: ev.AnyEvent,
     state: ThreadState,
     shown: ThreadState,
@@ -410,17 +448,19 @@ def _status(
     records two: the first ``user_message``'s, and the last event's (``last``, the log's
     last but receipts), whose state it shows.
     """
-    view = StatusView(state, first.event_id, last.event_id, reviewers)
+    root = first if isinstance(first, ev.AlertReceived) else None
+    requester = first.actor if root is None else state.requester
+    view = StatusView(state, first.event_id, last.event_id, reviewers, root)
     if first.event_id not in receipts:
-        return Outbound("post", first, first.actor, status=view)
+        return Outbound("post", first, requester, status=view)
     if not status_ts:
         return None  # a receipt without a ts: nothing to update
     tid = first.thread_id
     if status_message(shown, tid, reviewers=reviewers) == status_message(
         state, tid, reviewers=reviewers
-    ):
+    ) and (root is None or (shown.alert is None) == (state.alert is None)):
         return None
-    return Outbound("update", last, first.actor, card_ts=status_ts, status=view)
+    return Outbound("update", last, requester, card_ts=status_ts, status=view)
 
 
 def _notes(state: ThreadState, call_id: str) -> Notes:
@@ -450,18 +490,43 @@ def _awaits_votes(state: ThreadState, call_id: str) -> bool:
     return call is not None and call.tool_call_id == call_id and call.phase == "awaiting_approval"
 
 
-def render(item: Outbound, card_link: str | None = None) -> list[Block]:
+def on_call_in(item: Outbound) -> list[str]:
+    """The ``oncall:`` entries whose users showing ``item`` names (delivery looks them up
+    first): an open card's approvers, a reminder's, an expiry's ``escalate_to``. A call
+    that records no rule names none (its card names no approvers either)."""
+    call, e = item.call, item.event
+    if call is None or item.status is not None:
+        return []
+    approvers = call.reviewers.approvers if call.reviewers is not None else frozenset()
+    if isinstance(e, ev.ApprovalRequested) and item.kind == "post":
+        return on_call_entries(list(approvers))
+    if not isinstance(item.card, ev.ApprovalRequested):
+        return []
+    if item.kind == "update":
+        return on_call_entries(list(approvers)) if item.still_open else []
+    if isinstance(e, ev.ApprovalExpired):
+        return on_call_entries(call.escalate_to)
+    return on_call_entries(list(approvers))
+
+
+def render(
+    item: Outbound, card_link: str | None = None, on_call: OnCallNow | None = None
+) -> list[Block]:
     """The blocks showing ``item`` (pure); ``card_link``: the permalink of the card a
-    reminder or an escalation is about, when the delivery could get it."""
+    reminder or an escalation is about, when the delivery could get it; ``on_call``: who
+    is on call for the entries :func:`on_call_in` named (None: no PagerDuty here)."""
     e = item.event
     if item.status is not None:
         view = item.status
-        return status_message(view.state, e.thread_id, reviewers=view.reviewers)
+        blocks = status_message(view.state, e.thread_id, reviewers=view.reviewers)
+        if view.root is not None:  # the alert's post, at the top of the channel
+            blocks = [*alert_root(view.root, resolved=view.state.alert is None), *blocks]
+        return blocks
     if isinstance(item.card, ev.ToolOutcomeUnknown) or isinstance(e, ev.ToolOutcomeUnknown):
         return _reconcile(item)
     if item.kind == "update" and item.still_open:  # the open card, noted or voted on
         assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
-        return _open_card(item, item.card)
+        return _open_card(item, item.card, on_call)
     if item.kind == "update":
         assert isinstance(item.card, ev.ApprovalRequested) and item.call is not None
         by = None if isinstance(e, ev.ApprovalExpired) or e.actor == "system" else e.actor
@@ -479,11 +544,12 @@ def render(item: Outbound, card_link: str | None = None) -> list[Block]:
             people=item.people,
             votes=item.votes,
             edits=item.edits,
+            grant=item.created,
         )
     if isinstance(e, ev.ApprovalRequested):
-        return _open_card(item, e)
+        return _open_card(item, e, on_call)
     if isinstance(e, ev.ApprovalReminded | ev.ApprovalExpired):
-        return _about_card(item, e, card_link)
+        return _about_card(item, e, card_link, on_call)
     if item.grant is not None and item.call is not None:
         return granted_line(item.call, item.grant.reviewer, item.grant.until)
     name = item.call.intent if item.call is not None else None
@@ -496,7 +562,10 @@ def _why(e: ev.AnyEvent) -> str:
 
 
 def _about_card(
-    item: Outbound, e: ev.ApprovalReminded | ev.ApprovalExpired, card_link: str | None
+    item: Outbound,
+    e: ev.ApprovalReminded | ev.ApprovalExpired,
+    card_link: str | None,
+    on_call: OnCallNow | None,
 ) -> list[Block]:
     """The reminder in the thread, or the post escalating an expiry."""
     card, call = item.card, item.call
@@ -508,6 +577,7 @@ def _about_card(
             call=call,
             votes=item.votes,
             card_link=card_link,
+            on_call=on_call,
             **when,
         )
     return escalation_post(
@@ -519,13 +589,16 @@ def _about_card(
         card_link=card_link,
         channel=item.channel,
         refusal=item.refusal,
+        on_call=on_call,
         **when,
     )
 
 
-def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[Block]:
+def _open_card(
+    item: Outbound, card: ev.ApprovalRequested, on_call: OnCallNow | None
+) -> list[Block]:
     assert item.call is not None
-    return approval_card(
+    blocks = approval_card(
         thread_id=card.thread_id,
         requester=item.requester,
         call=item.call,
@@ -538,6 +611,10 @@ def _open_card(item: Outbound, card: ev.ApprovalRequested) -> list[Block]:
         edits=item.edits,
         reminded_at=item.reminded_at,
     )
+    # Who is on call, just above the buttons (the card's last block): what a reviewer
+    # reads before clicking.
+    entries = on_call_in(item)
+    return [*blocks[:-1], *on_call_blocks(entries, on_call), *blocks[-1:]]
 
 
 def _reconcile(item: Outbound) -> list[Block]:

@@ -10,7 +10,13 @@ stricter: it may hide a loosening) fail the check.
 What the rules read of a tool comes from the tools this process loads (its modules and
 the candidate file's HTTP actions); an MCP tool's server is not asked, so its hints are
 taken at their loosest (read-only, idempotent), which a ``trust_hints`` rule may turn
-into a looser decision: a loosening is never hidden by a server that is down.
+into a looser decision: a loosening is never hidden by a server that is down. A call
+of a tool that is none of these, which no rule of the file would decide and a rule
+decided when it was made, is ``not judged``: its own ``@tool`` policy would decide it,
+and that is not known here (never assumed).
+
+Calls decided by another rule to the same effect (``rule 3 -> rule 4``: ``same``) are
+listed but are not "decided differently".
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from engine import events as ev
 from engine.config_file import ConfigFile
@@ -27,7 +33,9 @@ from engine.store import Store
 from engine.types import ThreadInfo
 from tools import ToolRegistry
 
-FAILING: frozenset[Comparison] = frozenset({"looser", "different"})
+FAILING: frozenset[str] = frozenset({"looser", "different"})
+NotJudged = Literal["not judged"]
+NOT_JUDGED: NotJudged = "not judged"
 LOOSEST_HINTS: dict[str, Any] = {"readOnlyHint": True, "idempotentHint": True}
 
 
@@ -46,14 +54,25 @@ class Finding:
     thread: ThreadInfo
     call: ev.ToolCallRequested
     new: RuleDecision
-    comparison: Comparison
+    comparison: Comparison | NotJudged
 
     @property
     def fails(self) -> bool:
         return self.comparison in FAILING
 
+    @property
+    def changed(self) -> bool:
+        """Decided otherwise: not only by another rule to the same effect, and judged."""
+        return self.comparison not in ("same", NOT_JUDGED)
+
     def line(self) -> str:
         call, new = self.call, self.new
+        if self.comparison == NOT_JUDGED:
+            return (
+                f"{self.thread.id} seq={call.seq} {call.intent}: {call.policy} "
+                f"({_rule(call.rule)}) -> no rule: {call.intent} is not a tool loaded here, "
+                f"so the policy it would get of its own is unknown: {NOT_JUDGED}"
+            )
         changes = []
         if (call.policy, call.rule) != (new.policy, new.rule):
             changes.append(
@@ -119,9 +138,19 @@ def check_call(
 ) -> Finding | None:
     facts = tool_facts(call.intent, tools, config)
     if facts is None:
-        own = call.policy if call.rule is None and call.policy != "reject" else "run_now"
-        facts = _Facts(call.intent, own, "module:?")
-    new = policy.decide(facts, call.arguments, thread.channel)
+        # A tool not loaded here: a rule that matches decides without it. With no rule,
+        # its own @tool policy would, which is known only if no rule decided the call
+        # then either (the file cannot change it); else it is named, never assumed.
+        own = call.policy if call.rule is None and call.policy != "reject" else None
+        new = policy.decide(
+            _Facts(call.intent, own or "approve_before_run", "module:?"),
+            call.arguments,
+            thread.channel,
+        )
+        if new.rule is None and own is None:
+            return Finding(thread, call, new, NOT_JUDGED)
+    else:
+        new = policy.decide(facts, call.arguments, thread.channel)
     if not differs(call, new):
         return None
     return Finding(thread, call, new, compare(recorded(call, new), new))

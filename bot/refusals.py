@@ -4,7 +4,8 @@ A click refused (not the clicker's to decide, a forged button, a lookup that fai
 acknowledged with a 200 and the clicker is told privately (``chat.postEphemeral``); a
 modal's submission refused stays open with the reason under its field
 (``response_action=errors``). ``ThreadNotFound`` (a button naming no thread) and
-``ReviewerLookupError`` (Slack could not say who is in a group) are refusals too.
+``ReviewerLookupError`` (Slack could not say who is in a group, PagerDuty who is on
+call) are refusals too.
 Anything else propagates: Bolt answers 500 and Slack delivers again.
 """
 
@@ -31,6 +32,14 @@ INVALID_FORM = "This form is not valid."
 LOOKUP_FAILED = (
     "I could not check your user groups with Slack just now. Nothing changed: try again "
     "in a minute."
+)
+ON_CALL_LOOKUP_FAILED = (
+    "I could not check who is on call ({entries}) with PagerDuty just now. Nothing changed: "
+    "try again in a minute."
+)
+ON_CALL_UNCONNECTED = (
+    "Whoever is on call ({entries}) may decide this, but PagerDuty is not connected here "
+    "(integrations.pagerduty in opsloop.yaml), so I cannot check who that is. Nothing changed."
 )
 
 
@@ -62,8 +71,21 @@ def _why(exc: Exception, *, plain: bool = False) -> str:
     if isinstance(exc, Refusal):
         return exc.plain if plain else exc.text
     if isinstance(exc, ReviewerLookupError):
-        return LOOKUP_FAILED
+        return _lookup_failed(exc)
     return INVALID_BUTTON
+
+
+def _lookup_failed(exc: ReviewerLookupError) -> str:
+    """What failed, said so that the person knows whom to ask (plain: no mrkdwn in it)."""
+    if exc.unconnected:
+        return ON_CALL_UNCONNECTED.format(entries=_ids(exc.unconnected))
+    if exc.on_call:
+        return ON_CALL_LOOKUP_FAILED.format(entries=_ids(exc.on_call))
+    return LOOKUP_FAILED
+
+
+def _ids(entries: tuple[str, ...]) -> str:
+    return ", ".join(escape(e.removeprefix("oncall:")) for e in entries)
 
 
 def told_privately(listener: Listener, notify: Notify) -> Listener:

@@ -1,8 +1,11 @@
-"""Which Slack user groups (``S…``) a reviewer belongs to, for ``OPSLOOP_APPROVERS``.
+"""Which approver entries that need a lookup hold a reviewer: the Slack user groups
+(``S…``) they are in, and the ``oncall:<id>`` entries they are on call for now.
 
 A group's members come from ``usergroups.users.list`` and are cached for ``ttl``
 seconds per group, so a burst of clicks costs one call per group, and a change of
-membership counts within a minute. A failed lookup is not cached.
+membership counts within a minute. Who is on call comes from PagerDuty
+(:class:`bot.oncall.OnCall`, cached the same way). A failed lookup is not cached, and
+never admits anyone: the click is refused, saying which lookup failed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.oncall import PREFIX, OnCall, OnCallUnavailable
+
 log = logging.getLogger("opsloop.bot.reviewers")
 
 DEFAULT_TTL_S = 60.0
@@ -24,7 +29,22 @@ LOOKUP_TIMEOUT_S = 1.5
 
 
 class ReviewerLookupError(Exception):
-    """No group could say whether the user is in it (Slack refused or was unreachable)."""
+    """No entry could say whether the user is in it: Slack or PagerDuty refused or was
+    unreachable (``groups``, ``on_call``: the entries that failed), or an on-call entry
+    was asked with no PagerDuty connected (``unconnected``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        groups: tuple[str, ...] = (),
+        on_call: tuple[str, ...] = (),
+        unconnected: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.groups = groups
+        self.on_call = on_call
+        self.unconnected = unconnected
 
 
 class Reviewers:
@@ -35,8 +55,12 @@ class Reviewers:
         ttl: float = DEFAULT_TTL_S,
         timeout: float = LOOKUP_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        on_call: OnCall | None = None,
     ) -> None:
+        """``on_call``: who is on call, from PagerDuty (None: no PagerDuty here, so an
+        ``oncall:`` entry can never be checked and a click that needs one is refused)."""
         self.client = client
+        self.on_call = on_call
         self.ttl = ttl
         self.timeout = timeout
         self.clock = clock
@@ -59,25 +83,48 @@ class Reviewers:
             return users
 
     async def groups_of(self, user: str, groups: Iterable[str]) -> frozenset[str]:
-        """The groups among ``groups`` that contain ``user``.
+        """The entries among ``groups`` that hold ``user``: user groups (``S…``) they
+        are in, ``oncall:<id>`` entries they are on call for now.
 
-        When a group cannot be read and the user is in none of the others, the answer is
-        unknown: ``ReviewerLookupError``, so that the caller says "try again" instead of
-        "you are not an approver".
+        When an entry cannot be read and the user is in none of the others, the answer
+        is unknown: ``ReviewerLookupError``, so that the caller says "try again" (or
+        that PagerDuty is not connected) instead of "you are not an approver".
         """
         found: set[str] = set()
         failed: list[str] = []
-        wanted = sorted(set(groups))
-        for group in wanted:
+        unconnected: list[str] = []
+        for entry in sorted(set(groups)):
+            if entry.startswith(PREFIX) and self.on_call is None:
+                unconnected.append(entry)
+                continue
             try:
-                if user in await asyncio.wait_for(self.members(group), self.timeout):
-                    found.add(group)
-            except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.warning("usergroups.users.list %s failed: %s", group, _why(exc))
-                failed.append(group)
-        if failed and not found:
-            raise ReviewerLookupError(f"could not read the user groups {', '.join(failed)}")
+                if user in await asyncio.wait_for(self._holding(entry), self.timeout):
+                    found.add(entry)
+            except (
+                SlackClientError,
+                aiohttp.ClientError,
+                OSError,
+                TimeoutError,
+                OnCallUnavailable,
+            ) as exc:
+                what = "on-call" if entry.startswith(PREFIX) else "usergroups.users.list"
+                log.warning("%s %s failed: %s", what, entry, _why(exc))
+                failed.append(entry)
+        if (failed or unconnected) and not found:
+            raise ReviewerLookupError(
+                f"could not read {', '.join(failed + unconnected)}",
+                groups=tuple(f for f in failed if not f.startswith(PREFIX)),
+                on_call=tuple(f for f in failed if f.startswith(PREFIX)),
+                unconnected=tuple(unconnected),
+            )
         return frozenset(found)
+
+    async def _holding(self, entry: str) -> frozenset[str]:
+        """The users ``entry`` holds now: a group's members, or who is on call."""
+        if entry.startswith(PREFIX):
+            assert self.on_call is not None  # groups_of asks only when it is connected
+            return await self.on_call.users(entry)
+        return await self.members(entry)
 
 
 def _why(exc: BaseException) -> str:

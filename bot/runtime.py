@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -28,14 +29,18 @@ from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.alerts import SlackTeam, add_alert_routes
 from bot.app import build_app, drain, handle_slack_request
-from bot.configured import close_sources, load_tools_of, open_sources, policy_set
+from bot.configured import close_sources, load_tools_of, mcp_servers, open_serving, policy_set
 from bot.delivery import Delivery
-from bot.health import make_health_app
+from bot.github_hooks import add_github_hook_route
+from bot.health import make_health_app, make_metrics_app
 from bot.hooks import add_hook_route
 from bot.loop_thread import AnswersFirst, LoopThread
+from bot.oncall import OnCall
 from bot.reviewers import Reviewers
 from bot.slack_metrics import instrument
+from bot.tool_list import serving_tools
 from engine import metrics
 from engine.config import Settings
 from engine.config_file import ConfigFile
@@ -47,7 +52,10 @@ from engine.runner import Runner, worker_id
 from engine.scheduler import Worker
 from engine.store import Store, open_store
 from tools import ToolRegistry
+from tools.integrations.config import PagerDutyConfig
+from tools.integrations.pagerduty_client import PagerDutyClient
 from tools.loader import close_tools
+from tools.mcp import McpSource
 from tools.sources import ToolSource
 
 log = logging.getLogger("opsloop.runtime")
@@ -115,6 +123,12 @@ class Runtime:
     settings: Settings = field(default_factory=Settings)
     tools: ToolRegistry = field(default_factory=ToolRegistry)  # modules' and sources'
     http: aiohttp.ClientSession | None = None  # the listeners' connections to Slack
+    config: ConfigFile | None = None  # the opsloop.yaml read at startup (its webhooks)
+
+    @property
+    def mcp_servers(self) -> list[McpSource]:
+        """The MCP servers it serves (up or down), for ``/metrics`` and ``GET /tools``."""
+        return mcp_servers(self.background.sources)
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -162,12 +176,15 @@ async def _background(
     sources: Sequence[ToolSource],
     modules: Sequence[str],
     policy: PolicySet,
+    pagerduty: PagerDutyConfig | None = None,
 ) -> Background:
     """Built on the worker loop (``LoopThread.run``): its clients and the tool sources
-    belong to that loop. A source that cannot start is a ``ToolLoadError``."""
+    belong to that loop. A source that cannot start is a ``ToolLoadError``, but for an
+    MCP server: that one is served without, and retried in the background.
+    ``pagerduty``: who is on call, for the ``oncall:`` approvers the cards show."""
     model = make_model() if make_model is not None else AnthropicModel.from_settings(settings.model)
     try:
-        await open_sources(sources, tools)
+        await open_serving(sources, tools)
         try:
             store = await open_store(settings.database_url, origin=owner)
         except BaseException:
@@ -189,6 +206,7 @@ async def _background(
         owner=f"{owner}/delivery",
         reviewers=settings.reviewers,
         lease_ttl=settings.runner.lease_ttl_s,
+        on_call=on_call(pagerduty, client, http),
     )
     runner = Runner(
         store,
@@ -218,6 +236,16 @@ async def _background(
         await background.close(1)
         raise
     return background
+
+
+def on_call(
+    config: PagerDutyConfig | None, slack: AsyncWebClient, http: aiohttp.ClientSession
+) -> OnCall | None:
+    """Who is on call (``oncall:`` approvers), asked of PagerDuty over ``http`` (a
+    session of the loop that uses it, closed with it); None without PagerDuty."""
+    if config is None:
+        return None
+    return OnCall(PagerDutyClient(config, session=http), slack)
 
 
 class _Kicks:
@@ -279,6 +307,7 @@ async def start_runtime(
     # This process's registry: the sources' tools join the modules' in it when opened.
     tools, sources, modules = loaded.tools, loaded.sources, loaded.modules
     policy = policy_set(settings, config)
+    pagerduty = config.integrations.pagerduty if config is not None else None
     # The serving thread gets the interpreter within 1 ms of wanting it (default 5 ms)
     # while the worker thread computes: each database answer is such a hand-over.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
@@ -297,6 +326,7 @@ async def start_runtime(
                 sources,
                 modules,
                 policy,
+                pagerduty=pagerduty,
             )
         )
     except BaseException:
@@ -335,25 +365,67 @@ async def start_runtime(
         client=client,
         reviewers=settings.reviewers,
         kick=kick,
-        groups=Reviewers(client),
+        groups=Reviewers(client, on_call=on_call(pagerduty, client, http)),
         tools=tools,
         policy=policy,
     )
-    return Runtime(store, client, bolt, thread, background, priority, kick, settings, tools, http)
+    return Runtime(
+        store, client, bolt, thread, background, priority, kick, settings, tools, http, config
+    )
 
 
 def web_app(runtime: Runtime, *, metrics: bool = True) -> web.Application:
-    """``GET /healthz``, ``POST /slack/events`` (Bolt) and ``POST /hooks/{wait_id}``, and
-    ``GET /metrics`` unless it has a port of its own (``metrics`` false)."""
-    app = make_health_app(runtime.store, metrics=metrics)
+    """``GET /healthz``, ``POST /slack/events`` (Bolt), ``POST /alerts/{source}``,
+    ``POST /hooks/github`` (with ``integrations.github``) and ``POST /hooks/{wait_id}``,
+    and ``GET /metrics`` and ``GET /tools`` unless they have a port of their own
+    (``metrics`` false: ``metrics_app``)."""
+    app = make_health_app(runtime.store, metrics=metrics, mcp=runtime.mcp_servers)
+    if metrics:
+        add_tools_route(app, runtime)
 
     async def slack_events(request: web.Request) -> web.Response:
         return await handle_slack_request(runtime.bolt, request, runtime.answering)
 
     app.router.add_post("/slack/events", slack_events)
+    github = runtime.config.integrations.github if runtime.config else None
+    if github is not None:  # before /hooks/{wait_id}, which would match it too
+        add_github_hook_route(app, runtime.store, github, runtime.kick)
+    # 404 for a source opsloop.yaml does not enable; the team is Slack's auth.test.
+    add_alert_routes(app, runtime.store, runtime.config, SlackTeam(runtime.client), runtime.kick)
     secret = runtime.settings.slack.webhook_secret or None
     add_hook_route(app, runtime.store, secret, runtime.kick)
     return app
+
+
+def metrics_app(runtime: Runtime) -> web.Application:
+    """``GET /metrics`` and ``GET /tools`` alone, for ``OPSLOOP_METRICS_PORT``."""
+    app = make_metrics_app(runtime.store, runtime.mcp_servers)
+    add_tools_route(app, runtime)
+    return app
+
+
+def add_tools_route(app: web.Application, runtime: Runtime) -> None:
+    """``GET /tools``: the tools the running bot offers, and its MCP servers
+    (``bot.tool_list.serving_tools``). Beside /metrics: it says as much as the scrape."""
+
+    # Each answer lists every MCP server that is up: requests that arrive while one is
+    # being made share it (one listing at a time, however many unauthenticated callers).
+    flight: dict[str, asyncio.Task[Any]] = {}
+
+    async def answer() -> Any:
+        policy = runtime.background.worker.runner.policy or policy_set(
+            runtime.settings, runtime.config
+        )
+        held = serving_tools(runtime.tools, policy, runtime.mcp_servers)
+        return await runtime.thread.run(held)  # where the sources live
+
+    async def tools(request: web.Request) -> web.Response:
+        task = flight.get("now")
+        if task is None or task.done():
+            task = flight["now"] = asyncio.ensure_future(answer())
+        return web.json_response(await asyncio.shield(task))
+
+    app.router.add_get("/tools", tools)
 
 
 def socket_mode_handler(runtime: Runtime, app_token: str) -> AsyncSocketModeHandler:

@@ -69,6 +69,13 @@ class Digest:
         if isinstance(e, ev.UserMessage) and self.task is None and self.previous is None:
             self.task = one_line(f"[{e.actor}] {self.said(e)}", 1000)
             return
+        if isinstance(e, ev.AlertReceived) and e.seq <= 1 and self.task is None:
+            # The alert that opened the thread, with the team's instruction: a summary
+            # must not lose what the model was told to do (or not to do) with it.
+            told = f" Instruction: {e.instruction}" if e.instruction else ""
+            alert = f"[{e.actor}] {e.status} alert {e.fingerprint}: {e.summary}.{told}"
+            self.task = one_line(alert, 1000)
+            return
         # Each type's place in a summary is one of its facts (engine.events.Facts).
         role = e.facts.summary
         if role == "omitted":

@@ -9,7 +9,7 @@ rules whether ``opsloop config check`` or ``opsloop serve`` reads it.
 ``${VAR}`` in string values from ``env`` (``$${`` is a literal ``${``; done on parsed
 strings, so a value cannot inject YAML), and validates it into a frozen
 :class:`ConfigFile`. Every problem is one ``ConfigError`` whose message is one line:
-``opsloop.yaml: policy[2].quorum: must be at least 1``.
+``opsloop.yaml: policy[2].quorum (rule 3): must be at least 1``.
 
 Header and environment values are ``SecretStr`` (and an HTTP body or MCP args are kept
 out of ``repr``), so a logged config shows no secret; ``plain_headers()`` /
@@ -23,6 +23,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,7 @@ from pydantic import (
     AfterValidator,
     Field,
     PrivateAttr,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -42,12 +44,13 @@ from tools.config_model import KeyProblem as _At
 from tools.config_model import StrictModel as _Model
 from tools.config_model import parse_duration as parse_duration  # re-exported: the CLI's
 from tools.http_config import ActionName, AllowedHosts, AllowHostEntry, HttpActionConfig, unlisted
+from tools.integrations.config import IntegrationsConfig
 from tools.mcp.config import McpServerConfig, ServerName
 from tools.schemas import compile_schema, is_valid
 
 DEFAULT_PATH = "opsloop.yaml"
 RulePolicy = Literal["run_now", "approve_before_run", "wait_for_external_event", "reject"]
-LATER_SECTIONS = ("integrations", "alerts")
+LATER_SECTIONS: tuple[str, ...] = ()  # sections of DESIGN not acted on yet (none left)
 # Rule keys of DESIGN that nothing acts on yet: a file that sets one is refused rather
 # than promised something that never happens (none left in this release).
 LATER_RULE_KEYS: tuple[str, ...] = ()
@@ -181,6 +184,35 @@ class PolicyRule(_Model):
         return self._when is None or is_valid(self._when, dict(arguments))
 
 
+# --- alerts -------------------------------------------------------------------------------
+
+
+class AlertSourceConfig(_Model):
+    """One source of ``alerts:``: the channel its alerts open threads in, and what the
+    model is told to do with them (the first input of each such thread)."""
+
+    channel: Channel
+    instruction: str = Field(
+        "Investigate with read-only tools and summarise. Do not act.", min_length=1
+    )
+
+
+class AlertmanagerConfig(AlertSourceConfig):
+    token: SecretStr  # bearer token on POST /alerts/alertmanager
+
+
+class GenericAlertConfig(AlertSourceConfig):
+    secret: SecretStr  # POST /alerts/generic is signed like /hooks
+
+
+class AlertsConfig(_Model):
+    """``alerts:``; ``pagerduty`` is verified with ``integrations.pagerduty.webhook_secret``."""
+
+    alertmanager: AlertmanagerConfig | None = None
+    pagerduty: AlertSourceConfig | None = None
+    generic: GenericAlertConfig | None = None
+
+
 # --- the file -----------------------------------------------------------------------------
 
 
@@ -188,6 +220,18 @@ class ConfigFile(_Model):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     policy: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
+    integrations: IntegrationsConfig = Field(default_factory=IntegrationsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+
+    @model_validator(mode="after")
+    def _pagerduty_alerts_verifiable(self) -> ConfigFile:
+        pd = self.integrations.pagerduty
+        if self.alerts.pagerduty is not None and (pd is None or pd.webhook_secret is None):
+            raise _At(
+                ("alerts", "pagerduty"),
+                "needs integrations.pagerduty.webhook_secret to verify what PagerDuty sends",
+            )
+        return self
 
     @model_validator(mode="after")
     def _quorums_reachable(self) -> ConfigFile:
@@ -298,12 +342,22 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def rule_name(index: int) -> str:
+    """The ``policy:`` entry at 0-based ``index`` as people count it: ``rule 3``. Cards,
+    the trace, ``policy check`` and ``opsloop tools`` all say it so; an error about the
+    file says both (:func:`_path`)."""
+    return f"rule {index + 1}"
+
+
 def _path(loc: tuple[Any, ...]) -> str:
+    """``policy[2].quorum (rule 3)``: where in the file, and a rule as cards number it."""
     out = ""
     for part in loc:
         if part == "[key]":
             continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    if len(loc) > 1 and loc[0] == "policy" and isinstance(loc[1], int):
+        out += f" ({rule_name(loc[1])})"
     return out or "(top level)"
 
 
@@ -312,16 +366,20 @@ def substitute(
     env: Mapping[str, str],
     loc: tuple[Any, ...] = (),
     used: dict[str, str] | None = None,
+    filled: list[tuple[Any, ...]] | None = None,
 ) -> Any:
     """``data`` with ``${VAR}`` in every string value replaced from ``env``; ``used``
-    collects what was put in (value -> name) so an error message can hide it again."""
+    collects what was put in (value -> name) so an error message can hide it again, and
+    ``filled`` where (the keys of the values that held a variable)."""
     used = {} if used is None else used
     if isinstance(data, dict):
-        return {k: substitute(v, env, (*loc, k), used) for k, v in data.items()}
+        return {k: substitute(v, env, (*loc, k), used, filled) for k, v in data.items()}
     if isinstance(data, list):
-        return [substitute(v, env, (*loc, i), used) for i, v in enumerate(data)]
+        return [substitute(v, env, (*loc, i), used, filled) for i, v in enumerate(data)]
     if not isinstance(data, str) or "${" not in data:
         return data
+    if filled is not None:
+        filled.append(loc)
 
     def one(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
@@ -369,6 +427,22 @@ def _message(error: Any) -> tuple[tuple[Any, ...], str]:
 
 def parse_config(text: str, env: Mapping[str, str], name: str = DEFAULT_PATH) -> ConfigFile:
     """Validate the text of a configuration file; ``name`` heads every error."""
+    data = _read_yaml(text, name)
+    used: dict[str, str] = {}
+    try:
+        filled = substitute(data, env, used=used)
+        # Which values came from the environment: an MCP server's secrets (redacted from
+        # what it answers, masked in logs), beside its header values.
+        return ConfigFile.model_validate(filled, context={"substituted": used})
+    except _At as exc:
+        raise ConfigError(f"{name}: {_path(exc.path)}: {_short(str(exc))}") from None
+    except ValidationError as exc:
+        loc, message = _message(exc.errors(include_url=False)[0])
+        raise ConfigError(f"{name}: {_path(loc)}: {_short(_hide(message, used))}") from None
+
+
+def _read_yaml(text: str, name: str) -> dict[str, Any]:
+    """The file's YAML as data, before variables and validation."""
     if len(text) > MAX_FILE_BYTES:
         raise ConfigError(f"{name}: is over {MAX_FILE_BYTES // 1024} KiB; opsloop reads no more")
     try:
@@ -383,14 +457,83 @@ def parse_config(text: str, env: Mapping[str, str], name: str = DEFAULT_PATH) ->
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{name}: must be a mapping (tools:, approvals:, policy:)")
-    used: dict[str, str] = {}
+    return data
+
+
+# --- the shape alone (``opsloop config check --no-env``) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What can be told of a file without the environment: every ``${VAR}`` stands for a
+    placeholder, and a key whose check fails only because of one is not judged."""
+
+    config: ConfigFile | None  # None: some key could be checked only with a variable's value
+    needs: tuple[str, ...]  # every ${VAR} the file names, in order
+    unchecked: tuple[str, ...]  # the keys only the variables' values can tell, as ``_path``
+
+
+def placeholder(name: str) -> str:
+    """What ``${name}`` stands for in a shape check: valid as a word, a header value or a
+    host name, so most keys that hold a variable are checked all the same."""
+    return "opsloop-unset-" + name.lower().replace("_", "-")
+
+
+def variables(data: Any) -> tuple[str, ...]:
+    """The names of every ``${VAR}`` in the string values of ``data``, in order."""
+    found: dict[str, None] = {}
+    if isinstance(data, dict):
+        for value in data.values():
+            found.update(dict.fromkeys(variables(value)))
+    elif isinstance(data, list):
+        for value in data:
+            found.update(dict.fromkeys(variables(value)))
+    elif isinstance(data, str):
+        found.update(dict.fromkeys(m.group(1) for m in _VARIABLE.finditer(data) if m.group(1)))
+    return tuple(found)
+
+
+def _under(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Is one of the two keys at or under the other?"""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def parse_shape(text: str, name: str = DEFAULT_PATH) -> Shape:
+    """Check the file as :func:`parse_config` does, with no variable set. A problem found
+    at a key that holds a variable, or by a check that reads one (a section's own check,
+    such as hosts against ``http_allow_hosts``), is left to the values: its key is in
+    ``unchecked``. Any other problem is the same ``ConfigError`` as at startup."""
+    data = _read_yaml(text, name)
+    needs = variables(data)
+    filled: list[tuple[Any, ...]] = []
     try:
-        return ConfigFile.model_validate(substitute(data, env, used=used))
+        data = substitute(data, {n: placeholder(n) for n in needs}, filled=filled)
     except _At as exc:
         raise ConfigError(f"{name}: {_path(exc.path)}: {_short(str(exc))}") from None
+    try:
+        return Shape(ConfigFile.model_validate(data), needs, ())
     except ValidationError as exc:
-        loc, message = _message(exc.errors(include_url=False)[0])
-        raise ConfigError(f"{name}: {_path(loc)}: {_short(_hide(message, used))}") from None
+        unchecked: list[str] = []
+        for error in exc.errors(include_url=False):
+            loc, message = _message(error)
+            # Where the check ran: the key itself, or the section whose own check it is.
+            scope = tuple(p for p in error["loc"] if p != "[key]")
+            at = tuple(p for p in loc if p != "[key]")
+            if any(_under(scope, f) or _under(at, f) for f in filled):
+                unchecked.append(_path(loc))
+                continue
+            raise ConfigError(f"{name}: {_path(loc)}: {_short(message)}") from None
+        return Shape(None, needs, tuple(dict.fromkeys(unchecked)))
+
+
+def read_shape(path: str | None, env: Mapping[str, str]) -> tuple[str, Shape] | None:
+    """The file :func:`load_config_file` would read (``env`` only locates it:
+    ``OPSLOOP_CONFIG``), its name and :func:`parse_shape`; None when there is none."""
+    file = _locate(path, env)
+    if file is None:
+        return None
+    return str(file), parse_shape(_read(file, path), str(file))
 
 
 def _hide(message: str, used: Mapping[str, str]) -> str:
@@ -406,16 +549,25 @@ def load_config_file(path: str | None, env: Mapping[str, str]) -> ConfigFile | N
     """The configuration file: ``path``, else ``OPSLOOP_CONFIG``, else ``./opsloop.yaml``
     when present, else None (the environment variables alone). A file that is named but
     missing is an error."""
+    file = _locate(path, env)
+    if file is None:
+        return None
+    return parse_config(_read(file, path), env, str(file))
+
+
+def _locate(path: str | None, env: Mapping[str, str]) -> Path | None:
     named = path or env.get("OPSLOOP_CONFIG", "").strip() or None
     if named is None and not os.path.exists(DEFAULT_PATH):
         return None
-    file = Path(named or DEFAULT_PATH)
+    return Path(named or DEFAULT_PATH)
+
+
+def _read(file: Path, path: str | None) -> str:
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except FileNotFoundError:
         via = "" if path else " (named by OPSLOOP_CONFIG)"
         raise ConfigError(f"{file}: no such file{via}") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"{file}: cannot be read: {_short(reason)}") from None
-    return parse_config(text, env, str(file))

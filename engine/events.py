@@ -128,6 +128,37 @@ class ClarificationAnswered(Event):
     source: JsonDict = Field(default_factory=dict)
 
 
+class AlertReceived(Event):
+    """A monitoring system's alert (``source``: alertmanager, pagerduty, generic), as its
+    route parsed it. The first one (``firing``) starts the thread, whose root is the bot's
+    post of it in ``channel``; later ones with the same ``fingerprint`` append to it until
+    one says ``resolved``. ``instruction`` is the source's, from ``opsloop.yaml`` when it
+    arrived (recorded, so a replay and a changed file see what the model saw). The actor
+    is ``alert:<source>``; the delivery's id (``dedupe_key``) makes a resent one a no-op.
+    """
+
+    type: Literal["alert_received"] = "alert_received"
+    facts = Facts(input=True, people="line", model=True, summary="kept")
+    source: str
+    fingerprint: str
+    status: Literal["firing", "resolved"]
+    summary: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    url: str = ""
+    instruction: str = ""
+    channel: str = ""
+
+    @property
+    def alert_key(self) -> str:
+        """Which alert this is, across threads: at most one open thread holds it."""
+        return alert_key(self.source, self.fingerprint)
+
+
+def alert_key(source: str, fingerprint: str) -> str:
+    return f"{source}:{fingerprint}"
+
+
 class ThreadCancelled(Event):
     type: Literal["thread_cancelled"] = "thread_cancelled"
     facts = Facts(input=True, people="line", model=True, summary="kept")
@@ -272,13 +303,27 @@ class ApprovalRequested(Event):
     remind_at: AwareDatetime | None = None
 
 
+class GrantUse(BaseModel):
+    """The standing grant that approved a call (on ``approval_granted`` by a grant):
+    carried whole, because a channel-wide grant lives in another thread's log."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    grant_id: str
+    tool: str
+    reviewer: str
+    until: AwareDatetime
+    thread_id: str  # the thread whose log holds its grant_created
+
+
 class ApprovalGranted(Event):
     """One reviewer's vote; with a quorum, the call runs once enough distinct people
-    have voted (the actor is the reviewer)."""
+    have voted (the actor is the reviewer). A standing grant's approval has the actor
+    ``grant:<grant_id>`` and names the grant in ``grant``."""
 
     type: Literal["approval_granted"] = "approval_granted"
     facts = Facts(input=True, people="card", model=False, summary="step")
     tool_call_id: str
+    grant: GrantUse | None = None
 
 
 class ApprovalRejected(Event):
@@ -360,19 +405,23 @@ class GrantCreated(Event):
     """A reviewer's standing grant ("Approve for 1 h"), created with their vote: until
     ``until``, a later call of ``tool`` whose arguments satisfy ``arguments_schema`` and
     whose rule has quorum 1 and allows grants is approved at once in ``scope`` ("thread":
-    the thread it is stored in). The actor is the reviewer too."""
+    the thread it is stored in; "channel": any thread of that thread's channel). The
+    actor is the reviewer too."""
 
     type: Literal["grant_created"] = "grant_created"
-    # Not shown of its own: the card its vote closes, and the lines of the calls it
-    # approves, show it.
-    facts = Facts(input=True, people="nothing", model=False, summary="omitted")
+    # Not shown of its own: the card its vote closes says what it lets through, and the
+    # lines of the calls it approves name it.
+    facts = Facts(input=True, people="card", model=False, summary="omitted")
     grant_id: str
     tool: str
     arguments_schema: JsonDict
-    scope: Literal["thread"] = "thread"
+    scope: Literal["thread", "channel"] = "thread"
     until: AwareDatetime
     reviewer: str
     tool_call_id: str = ""  # the call whose approval created it
+    # The approvers of the rule the reviewer approved under: the grant stands in for
+    # one of them, so it covers only calls whose rule they (or the same list) decide.
+    approvers: tuple[str, ...] | None = None
 
 
 class GrantRevoked(Event):
@@ -516,6 +565,7 @@ class ContextCompacted(Event):
 AnyEvent = Annotated[
     UserMessage
     | ClarificationAnswered
+    | AlertReceived
     | ThreadCancelled
     | ModelDecision
     | DecisionRejected

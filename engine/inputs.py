@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from engine import events as ev
+from engine.alerts import pending_root
 from engine.edits import GENERAL, after_edit, field_errors
-from engine.errors import ThreadNotFound
+from engine.errors import ConcurrencyConflict, ThreadNotFound
 from engine.events import utcnow
-from engine.grants import exact_schema, grant_seconds, new_grant_id
+from engine.grants import GrantAsk, new_grant_id
 from engine.policy import Registry, ToolLike
 from engine.policy import arguments_hash as call_hash
 from engine.retrying import retrying
@@ -34,8 +35,9 @@ from engine.store import Store, ThreadKey
 from tools.output import storable
 from tools.schemas import instance_too_large
 
-# Which of these S… user groups is the user in; may raise (the front door maps its
-# lookup error to "try again").
+# Which of these entries hold the user (the S… user groups they are in, the oncall:<id>
+# entries they are on call for now); may raise (the front door maps its lookup error to
+# "try again").
 GroupResolver = Callable[[frozenset[str]], Awaitable[frozenset[str]]]
 
 
@@ -57,14 +59,15 @@ class Org:
 
 @dataclass(frozen=True)
 class Decider:
-    """Who decides: a user, the approver groups they are in, and where they act from
-    (None: a front door without teams, such as the CLI or a test)."""
+    """Who decides: a user, the approver groups they are in (and on-call entries they
+    are on call for), and where they act from (None: a front door without teams, such
+    as the CLI or a test)."""
 
     user: str
     groups: frozenset[str] = frozenset()
     org: Org | None = None
-    # Called with a call's approver groups when ``groups`` may not cover them (a rule's
-    # own approvers); None: ``groups`` is all there is.
+    # Called with a call's looked-up approver entries (groups, on-call) when ``groups``
+    # may not cover them (a rule's own approvers); None: ``groups`` is all there is.
     resolve: GroupResolver | None = None
 
 
@@ -91,6 +94,7 @@ class Decidable:
     tool_call_id: str
     intent: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    max_grant_s: float | None = None  # a grant's longest span (None: none allowed)
 
 
 @dataclass(frozen=True)
@@ -199,19 +203,23 @@ async def answer_clarification(
 def reviewer_rule(call: PendingCall | None, default: ReviewerRule) -> ReviewerRule:
     """Who may decide ``call`` (its approval votes, its reconcile, a cancel while it is
     pending): the rule recorded with it, or ``default`` (the process's) for a call from
-    before rules were recorded. ``oncall:<id>`` entries match nobody yet."""
+    before rules were recorded. ``oncall:<id>`` entries match whoever is on call at the
+    click (:func:`_groups_for`)."""
     if call is None or call.reviewers is None:
         return default
     return call.reviewers
 
 
 async def _groups_for(decider: Decider, rule: ReviewerRule) -> frozenset[str]:
-    """The decider's groups among ``rule``'s, resolved only when that can matter."""
-    if not rule.groups or decider.user in rule.approvers or decider.groups & rule.groups:
+    """The decider's entries among ``rule``'s user groups and on-call entries, resolved
+    (at each click: who is on call may have changed since the card) only when that can
+    matter."""
+    wanted = rule.looked_up
+    if not wanted or decider.user in rule.approvers or decider.groups & wanted:
         return decider.groups
     if decider.resolve is None:
         return decider.groups
-    return decider.groups | await decider.resolve(rule.groups)
+    return decider.groups | await decider.resolve(wanted)
 
 
 async def may_decide(
@@ -252,10 +260,7 @@ async def may_decide(
     # allow_self.
     verdict: ev.ApprovalDecision = "reject" if decision == "reject" else "approve"
     groups = await _groups_for(decider, rule)
-    why = rule.may_decide(verdict, decider.user, state.requester, groups)
-    if why is not None and rule.on_call:
-        why += " (on-call schedules are not looked up yet)"
-    return why
+    return rule.may_decide(verdict, decider.user, state.requester, groups)
 
 
 async def may_approve(state: ThreadState, decider: Decider, default: ReviewerRule) -> bool:
@@ -289,7 +294,7 @@ async def _why_not_canceller(
         return None
     why = "only the requester or an approver of the pending call can cancel"
     if rule.on_call:
-        why += " (on-call schedules are not looked up yet)"
+        why += " (or whoever is on call for it now)"
     return why
 
 
@@ -305,17 +310,17 @@ async def decide_approval(
     arguments_hash: str | None = None,
     dedupe_key: str | None = None,
     now: datetime | None = None,
-    grant: bool = False,
+    grant: GrantAsk | None = None,
 ) -> Accepted | Refused:
     """Vote on (approve) or reject the pending call ``tool_call_id``; ``reviewers`` is
     the process's rule, for calls that record none.
 
     Each approval is one vote; the call runs once its quorum is met. Refused (with an
     ``approval_refused`` event for the audit) when :func:`may_decide` says so. A
-    redelivered click (same ``dedupe_key``) is a no-op. ``grant`` ("Approve for 1 h"):
-    the vote also creates a standing grant for these exact arguments in this thread
-    (``grant_created``, same transaction), for an hour or the rule's ``max_grant`` if
-    shorter; only on a call whose rule allows grants and needs one vote.
+    redelivered click (same ``dedupe_key``) is a no-op. ``grant`` ("Approve for 1 h", or
+    its modal): the vote also creates the standing grant asked for (``grant_created``,
+    same transaction), within the rule's ``max_grant``; only on a call whose rule allows
+    grants and needs one vote.
     """
     request = DecisionRequest(
         thread_id, decider, decision, tool_call_id, arguments_hash, dedupe_key, now
@@ -328,8 +333,10 @@ async def decide_approval(
         if refused is not None:
             return refused
         event: ev.Event
-        if decision == "approve" and grant:
-            return await _grant(store, state, request)
+        if decision == "approve" and grant is not None:
+            return await _grant(
+                store, state, request, grant, reviewer_rule(state.pending, reviewers)
+            )
         if decision == "approve":
             event = ev.ApprovalGranted(
                 actor=decider.user, tool_call_id=tool_call_id, dedupe_key=dedupe_key
@@ -343,16 +350,18 @@ async def decide_approval(
     return await retrying(once)
 
 
-async def _grant(store: Store, state: ThreadState, request: DecisionRequest) -> Accepted | Refused:
+async def _grant(
+    store: Store, state: ThreadState, request: DecisionRequest, ask: GrantAsk, rule: ReviewerRule
+) -> Accepted | Refused:
     """The vote and the standing grant it creates, in one append (``may_decide`` said
     yes to the vote)."""
     call = state.pending
     assert call is not None  # may_decide
     if not call.grants_allowed or call.max_grant_s is None:
-        why = "this call's rule allows no standing grants"
+        return await _refuse(store, state, request, "this call's rule allows no standing grants")
+    if (why := ask.problem(call.max_grant_s, call.arguments)) is not None:
         return await _refuse(store, state, request, why)
     user = request.decider.user
-    until = (request.now or utcnow()) + timedelta(seconds=grant_seconds(call.max_grant_s))
     vote = ev.ApprovalGranted(
         actor=user, tool_call_id=call.tool_call_id, dedupe_key=request.dedupe_key
     )
@@ -360,10 +369,12 @@ async def _grant(store: Store, state: ThreadState, request: DecisionRequest) -> 
         actor=user,
         grant_id=new_grant_id(),
         tool=call.intent,
-        arguments_schema=exact_schema(call.arguments),
-        until=until,
+        arguments_schema=ask.schema(call.arguments),
+        scope=ask.scope,
+        until=ask.until(request.now or utcnow(), call.max_grant_s),
         reviewer=user,
         tool_call_id=call.tool_call_id,
+        approvers=tuple(sorted(rule.approvers)),
     )
     done = await store.append(
         state.thread_id, state.last_seq, [vote, created], state=state, now=request.now
@@ -605,7 +616,8 @@ async def _checked(
             return refused
         call = state.pending
         assert call is not None and request.tool_call_id is not None  # may_decide
-        return Decidable(thread_id, request.tool_call_id, call.intent, call.arguments)
+        grants = call.max_grant_s if call.grants_allowed else None
+        return Decidable(thread_id, request.tool_call_id, call.intent, call.arguments, grants)
 
     return await retrying(once)
 
@@ -708,8 +720,9 @@ async def why_not_same_org(store: Store, thread_id: str, org: Org | None) -> str
         return "you are not in the Slack team this thread belongs to"
     if org.enterprise is not None:
         first = next(iter(await store.select_events(thread_id)), None)
-        source = getattr(first, "source", None) or {}
-        theirs = source.get("enterprise")
+        source = getattr(first, "source", None)
+        # A thread an alert opened has no Slack source (its ``source`` names the system).
+        theirs = source.get("enterprise") if isinstance(source, dict) else None
         if theirs is not None and theirs != org.enterprise:
             return "you are not in the Slack organisation this thread belongs to"
     return None
@@ -820,6 +833,42 @@ async def finish_wait(
             dedupe_key=dedupe_key,
         )
         return await _append_one(store, thread_id, state, event)
+
+    return await retrying(once)
+
+
+async def receive_alert(store: Store, alert: ev.AlertReceived, *, team: str) -> Accepted | Refused:
+    """An alert arrived (``alert.channel``: where its thread lives, in Slack team ``team``).
+
+    The thread open for its alert (``Store.find_alert_thread``) gets it, answered or not;
+    a firing alert with none opens one, rooted at a placeholder until the bot's post of
+    it is in Slack (``engine.alerts.pending_root``; delivery posts it, then moves the
+    thread there). A resolution with no open thread is refused, nothing stored: there
+    is nothing to say it in. A resend (its ``dedupe_key``) is a no-op.
+
+    Two deliveries of a new alert race to open its thread: the unique index on the open
+    alert lets one in, and the other, conflicted, finds that thread and appends to it.
+    """
+    key = alert.alert_key
+
+    async def once() -> Accepted | Refused:
+        thread_id = await store.find_alert_thread(key)
+        if thread_id is not None:
+            if alert.dedupe_key and (seen := await _seen(store, thread_id, alert.dedupe_key)):
+                return seen
+            try:
+                state = await store.load(thread_id)
+            except ThreadNotFound:  # archived since the lookup: look again
+                raise ConcurrencyConflict(thread_id, 0) from None
+            if state.alert != key:  # resolved since the lookup: look again
+                raise ConcurrencyConflict(thread_id, state.last_seq)
+            return await _append_one(store, thread_id, state, alert)
+        if alert.status == "resolved":
+            return Refused("", "no thread is open for this alert")
+        where = ThreadKey(team, alert.channel, pending_root())
+        # Almost surely new: one round trip when it is; the unique index otherwise.
+        opened, done = await store.append_input(where, lambda _: [alert], fresh=True)
+        return Accepted(opened, done.events[-1], done.deduplicated)
 
     return await retrying(once)
 

@@ -3,7 +3,9 @@
 Every ``model_decision`` keeps the hash and version of its prompt, and what its tools
 part was built from (the tools' names and the hash of their definitions). Projecting
 the events before it again, with that version and those tools, must give the same
-bytes; a mismatch is reported with its likely cause, never hidden.
+bytes; a mismatch is reported with its likely cause, never hidden. A decision offered
+tools the replaying process has not loaded cannot be recomputed: that is its own verdict
+("tools not loaded here: …"), not a mismatch.
 """
 
 from __future__ import annotations
@@ -20,16 +22,29 @@ from engine.errors import ThreadNotFound
 class Replayed:
     decision: ev.ModelDecision
     prompt: Prompt
+    # Tools the decision was offered that the process replaying it has not loaded (a
+    # server it cannot reach, a module it does not import): nothing to compare with.
+    missing: tuple[str, ...] = ()
 
     @property
     def matches(self) -> bool:
         return self.prompt.hash == self.decision.prompt_hash
+
+    @property
+    def mismatch(self) -> bool:
+        """The request was recomputed with every tool it was offered, and differs."""
+        return not self.missing and not self.matches
 
     def verdict(self) -> str:
         d = self.decision
         if self.matches:
             return (
                 f"seq {d.seq}: ok (projection {d.projection_version}, sha256 {d.prompt_hash[:12]})"
+            )
+        if self.missing:
+            return (
+                f"seq {d.seq}: tools not loaded here: {_names(self.missing)} (the decision was "
+                "offered them; without their definitions its request cannot be recomputed)"
             )
         return (
             f"seq {d.seq}: MISMATCH: stored {d.prompt_hash[:12]}, "
@@ -113,9 +128,12 @@ def replay(
             raise ThreadNotFound(f"no model decision at seq {seq} (decisions at: {seqs})")
         decision = found[0]
     before = [e for e in events if e.seq < decision.seq]
-    offered = tools_for(decision, list(tools))
+    available = list(tools)
+    offered = tools_for(decision, available)
     version = decision.projection_version or PROJECTION_VERSION
-    return Replayed(decision, project(before, offered, version))
+    have = {t.name for t in available}
+    missing = tuple(n for n in decision.tool_names if n not in have)
+    return Replayed(decision, project(before, offered, version), missing)
 
 
 def replay_all(events: Sequence[ev.Event], tools: Iterable[ToolSpec]) -> list[Replayed]:

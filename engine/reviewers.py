@@ -35,13 +35,21 @@ class ReviewerRule:
 
     @property
     def on_call(self) -> bool:
-        """Does it name an on-call schedule (which matches nobody until it is looked up)?"""
+        """Does it name an on-call schedule or escalation policy (``oncall:<id>``)?"""
         return any(a.startswith("oncall:") for a in self.approvers)
 
+    @property
+    def looked_up(self) -> frozenset[str]:
+        """The entries only a lookup can match: user groups (who is in them) and
+        ``oncall:`` entries (who is on call now)."""
+        return frozenset(a for a in self.approvers if a.startswith(("S", "oncall:")))
+
     def is_approver(self, user: str, user_groups: Iterable[str] = ()) -> bool:
+        """``user_groups``: the looked-up entries that hold ``user`` (the groups they
+        are in, the schedules they are on call for), as the front door resolved them."""
         if not self.approvers:
             return True
-        return user in self.approvers or bool(self.groups & set(user_groups))
+        return user in self.approvers or bool(self.looked_up & set(user_groups))
 
     def may_decide(
         self,
@@ -61,6 +69,8 @@ class ReviewerRule:
         if is_requester and not self.allow_self:
             return "you asked for this call, and self-approval is turned off"
         if not self.is_approver(reviewer, reviewer_groups):
+            if self.on_call:
+                return "you are not on the approvers list, nor on call for it now"
             return "you are not on the approvers list"
         return None
 

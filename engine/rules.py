@@ -22,6 +22,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
 from engine.config_file import PolicyRule, RulePolicy
+from engine.config_file import rule_name as rule_name  # re-exported: what prints a rule's number
 from engine.reviewers import Comparison, ReviewerRule, direction
 
 # Strictness, loosest first: what `opsloop policy check` compares.
@@ -46,8 +47,8 @@ class Defaults:
 @dataclass(frozen=True)
 class RuleDecision:
     """What the policy says about one call: its policy and who may decide it (with the
-    deciding rule's 0-based index, None when no rule matched); ``idempotent`` None means
-    the tool's own."""
+    deciding rule's 0-based index, None when no rule matched, shown to people as
+    :func:`rule_name` numbers it); ``idempotent`` None means the tool's own."""
 
     policy: RulePolicy
     reviewers: ReviewerRule = field(default_factory=ReviewerRule)

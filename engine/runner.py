@@ -34,7 +34,7 @@ from engine import metrics
 from engine.config import RunnerConfig
 from engine.context import PROJECTION_VERSION, Projector, Prompt
 from engine.errors import ConcurrencyConflict, IllegalTransition
-from engine.grants import covering_grant
+from engine.grants import channel_grants, covering_grant, thread_grants
 from engine.leases import Lease
 from engine.logs import bind
 from engine.models.base import Decision, Model, ModelError
@@ -50,6 +50,7 @@ from engine.state import (
     reduce,
 )
 from engine.store import Store
+from engine.types import ThreadInfo
 from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
 from tools.errors import OutcomeUnknown, ToolError
 from tools.output import clean, clean_text, jsonable, storable, storable_text
@@ -100,6 +101,11 @@ async def project_thread(
     """The prompt the next model call of this thread would get (before any compaction)."""
     state, events = await store.load_for_projection(thread_id)
     return replace(projector_for(state, events, tools, policy).prompt(), turn=state.decisions)
+
+
+def _definitions(tools: ToolRegistry) -> dict[str, str]:
+    """Each tool's definition hash (cached on the Tool: cheap after the first time)."""
+    return {t.name: t.definition_hash for t in tools.all()}
 
 
 def worker_id() -> str:
@@ -156,12 +162,17 @@ class _Turn:
         self.thread_id = thread_id
         self.lost = lost
         self.call_ids: set[str] = set()  # every tool_use id the model has used here
+        # The registry's version the projector's tools were read at, and the definition
+        # hash of each tool then: a call is pinned to the definition the model was shown,
+        # even if the registry changed while it decided (the run then refuses it).
+        self.tools_version = runner.tools.version
+        self.shown: dict[str, str] = {}  # read with the log, at the start of the run
         self.projector = Projector(offered_tools(runner.tools, runner.policy), PROJECTION_VERSION)
         self.state = ThreadState()
         # The log as this turn read and wrote it (from the projection's start), for the
         # front door: it shows the thread from this instead of reading it again.
         self.events: list[ev.AnyEvent] = []
-        self.channel: str | None = None
+        self.place: ThreadInfo | None = None  # where the thread is, read when rules apply
         # The front door's receipts, appended ahead of this turn's next batch.
         self.receipts: list[ev.MessagePosted] = []
 
@@ -206,10 +217,11 @@ class _Turn:
     async def _start(self) -> None:
         self.state, events = await self.r.store.load_for_projection(self.thread_id)
         _observe_wake_lag(self.state, self.r.clock())
+        self.tools_version, self.shown = self.r.tools.version, _definitions(self.r.tools)
         self.projector = projector_for(self.state, events, self.r.tools, self.r.policy)
         self.events = list(events)
         if self.r.policy is not None:
-            self.channel = (await self.r.store.get_thread(self.thread_id)).channel
+            self.place = await self.r.store.get_thread(self.thread_id)
         self._note_call_ids(events)
 
     async def _reload(self) -> None:
@@ -260,6 +272,11 @@ class _Turn:
             msg = f"stopped after {cfg.max_decisions_per_input} model steps without a human"
             await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
             return
+        if self.r.tools.version != self.tools_version:
+            # A tool source changed its tools (an MCP server redefined, added or lost
+            # one): this decision is offered them as they are now.
+            self.tools_version, self.shown = self.r.tools.version, _definitions(self.r.tools)
+            self.projector.offer(offered_tools(self.r.tools, self.r.policy))
         prompt = self.projector.prompt()
         if prompt.estimated_tokens > cfg.context_budget_tokens:
             prompt = await self._compact(prompt)
@@ -322,7 +339,9 @@ class _Turn:
             tool_names=prompt.tool_names,
             tools_hash=prompt.tools_hash,
         )
-        verdict = classify(decision, self.r.tools, self.r.policy, self.channel)
+        verdict = classify(
+            decision, self.r.tools, self.r.policy, self.place.channel if self.place else None
+        )
         if use is not None and use.id in self.call_ids:
             # The id makes the idempotency key: a reused one could pass for a call that
             # already ran.
@@ -348,7 +367,7 @@ class _Turn:
             requested = self._requested(use.id, use.name, use.input, verdict)
             batch.append(requested)
             if verdict.kind == "approve_before_run":
-                batch.append(self._approval_or_grant(requested, decision, verdict))
+                batch.append(await self._approval_or_grant(requested, decision, verdict))
             elif verdict.kind != "refuse":
                 # The intent commits with the decision: one transaction, not two.
                 batch.append(ev.ToolStarted(tool_call_id=use.id, attempt=1))
@@ -356,22 +375,26 @@ class _Turn:
         if self.state.pending is not None and self.state.pending.phase == "started":
             await self._invoke(self.state.pending)
 
-    def _approval_or_grant(
+    async def _approval_or_grant(
         self, requested: ev.ToolCallRequested, decision: Decision, verdict: Verdict
     ) -> ev.Event:
-        """The card, or the approval of a live standing grant of the thread that covers
-        the call (same tool, matching arguments, a rule with quorum 1 allowing grants)."""
-        grant = covering_grant(
-            self.state,
-            requested.intent,
-            requested.arguments,
-            max_grant_s=requested.max_grant_s,
-            quorum=requested.quorum,
-            now=self.r.clock(),
+        """The card, or the approval of a live standing grant that covers the call: one
+        of this thread's, or a channel-wide one made in another thread of its channel
+        (read only for a call whose rule allows grants: other steps never look)."""
+        grants = thread_grants(self.state)
+        if requested.max_grant_s is not None and requested.quorum == 1 and self.place:
+            logged = await self.r.store.grant_events(
+                self.place.channel, team=self.place.team or None, now=self.r.clock()
+            )
+            grants += channel_grants(logged, besides=self.thread_id)
+        found = covering_grant(
+            grants, requested, requester=self.state.requester, now=self.r.clock()
         )
-        if grant is not None:
+        if found is not None:
             return ev.ApprovalGranted(
-                actor=f"{GRANT_PREFIX}{grant.grant_id}", tool_call_id=requested.tool_call_id
+                actor=f"{GRANT_PREFIX}{found.grant.grant_id}",
+                tool_call_id=requested.tool_call_id,
+                grant=found.use(),
             )
         return self._approval(
             requested.tool_call_id, requested.intent, requested.arguments, decision, verdict
@@ -417,15 +440,18 @@ class _Turn:
                 "escalate_to": rule.escalate_to,
                 "max_grant_s": rule.max_grant_s,
             }
+        policy = "reject" if verdict.kind == "refuse" else verdict.kind
+        if policy == "run_now" and tool is not None and tool.policy == "wait_for_external_event":
+            policy = "wait_for_external_event"  # a rule lifting its approval lets it still wait
         return ev.ToolCallRequested(
             tool_call_id=call_id,
             intent=name,
             arguments=arguments,
-            policy="reject" if verdict.kind == "refuse" else verdict.kind,  # type: ignore[arg-type]
+            policy=policy,  # type: ignore[arg-type]
             idempotency_key=f"{self.thread_id}:{call_id}",
             reason=verdict.reason if verdict.kind == "refuse" else "",
             policy_hash=self.r.policy.policy_hash if self.r.policy else None,
-            definition_hash=tool.definition_hash if tool is not None else None,
+            definition_hash=None if tool is None else self.shown.get(name, tool.definition_hash),
             idempotent=idempotent,
             **reviewers,
         )
@@ -487,6 +513,7 @@ class _Turn:
             attempt=call.attempt,
             requester=self.state.requester,
             definition_hash=call.definition_hash,
+            first_started_at=call.first_started_at,
         )
         outcome: ev.Event
         try:
@@ -661,6 +688,7 @@ class _Turn:
                 call.idempotency_key,
                 call.attempt,
                 self.state.requester,
+                first_started_at=call.first_started_at,
             )
             try:
                 result = await tool.poll(wait.data, ctx)

@@ -107,6 +107,8 @@ class Grant(_Frozen):
     arguments_schema: dict[str, Any]
     until: AwareDatetime
     reviewer: str
+    scope: Literal["thread", "channel"] = "thread"
+    approvers: tuple[str, ...] | None = None  # of the rule it was created under
 
     def live(self, now: datetime) -> bool:
         """Expiry is just ``until`` passing: no job, no event."""
@@ -146,6 +148,9 @@ class PendingCall(_Frozen):
     rule: int | None = None
     max_grant_s: float | None = None  # the longest grant its approval may create
     started_at: AwareDatetime | None = None  # when the latest attempt started
+    # When its first attempt started: what an effect of any attempt came after (a tool
+    # looking for what an interrupted attempt did, ToolContext.first_started_at).
+    first_started_at: AwareDatetime | None = None
     # Why the outcome is unknown (phase "unknown"), as tool_outcome_unknown said.
     unknown_error: str = ""
 
@@ -218,6 +223,9 @@ class ThreadState(_Frozen):
     # The thread's standing grants not revoked, by id (expired ones are dropped as new
     # ones come, so this stays small).
     grants: dict[str, Grant] = {}
+    # The alert this thread is open for (``AlertReceived.alert_key``) until it resolves;
+    # the store keeps it in a unique column, so one alert has one open thread at most.
+    alert: str | None = None
 
     @property
     def wake_at(self) -> datetime | None:
@@ -308,6 +316,31 @@ def _said_since(call: PendingCall, e: ev.UserMessage) -> PendingCall:
             "said_since_count": call.said_since_count + 1,
         },
     )
+
+
+def _alert_received(s: ThreadState, e: ev.AlertReceived) -> dict[str, Any]:
+    """The first (firing) alert starts the thread; the same alert firing again is an
+    input as a message is (it reopens a thread at rest); its resolution closes the
+    alert and wakes nobody (the thread says so; a running turn sees it in its prompt)."""
+    if s.status == "new":
+        _require(e.status == "firing", e, s, "an alert thread starts with a firing alert")
+        return {"status": "running", "alert": e.alert_key}
+    _require(s.alert is not None, e, s, "the thread's alert is resolved (or it has none)")
+    _require(s.alert == e.alert_key, e, s, f"the thread is open for alert {s.alert!r}")
+    if e.status == "resolved":
+        return {"alert": None}
+    _require(s.open_decision is None, e, s, "a model decision is half-written")
+    if s.status in ("idle", "failed", "cancelled"):
+        return {
+            "status": "running",
+            "consecutive_rejections": 0,
+            "decisions_since_input": 0,
+            "model_attempt": 0,
+            "model_retry_at": None,
+            "pending": None,  # a call left over from a turn that ended never runs again
+            "setback": None,
+        }
+    return {"decisions_since_input": 0}
 
 
 def _clarification_answered(s: ThreadState, e: ev.ClarificationAnswered) -> dict[str, Any]:
@@ -430,11 +463,16 @@ def _approval_granted(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
 
 def _granted_by_grant(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
     call = _pending(s, e, e.tool_call_id, "requested")
-    grant = s.grants.get(e.actor.removeprefix(GRANT_PREFIX))
-    _require(grant is not None, e, s, f"{e.actor} is not a grant of this thread")
-    assert grant is not None
+    grant_id = e.actor.removeprefix(GRANT_PREFIX)
+    # A grant of this thread, or a channel-wide one of another thread, which the event
+    # carries (logs from before ``grant`` name only grants of their own thread).
+    known = s.grants.get(grant_id)
+    tool = known.tool if known is not None else e.grant.tool if e.grant is not None else None
+    elsewhere = e.grant is not None and e.grant.thread_id != s.thread_id
+    _require(known is not None or elsewhere, e, s, f"{e.actor} is not a grant of this thread")
+    _require(e.grant is None or e.grant.grant_id == grant_id, e, s, "names another grant")
     # Whether it is still live is the runner's to say, at decision time, by its clock.
-    _require(grant.tool == call.intent, e, s, f"{e.actor} is for {grant.tool}")
+    _require(tool == call.intent, e, s, f"{e.actor} is for {tool}")
     _require(call.grants_allowed, e, s, "the call's rule allows no grants")
     ready = evolve(call, {"phase": "ready", "votes": (e.actor,)})
     return {"pending": ready, "status": "running"}
@@ -447,6 +485,8 @@ def _grant_created(s: ThreadState, e: ev.GrantCreated) -> dict[str, Any]:
         arguments_schema=e.arguments_schema,
         until=e.until,
         reviewer=e.reviewer,
+        scope=e.scope,
+        approvers=e.approvers,
     )
     _require(e.grant_id not in s.grants, e, s, f"grant {e.grant_id!r} exists")
     # Long-expired grants go (a day's slack: the runner's clock decides liveness).
@@ -513,7 +553,15 @@ def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
         s,
         "an interrupted non-idempotent call runs again only when a person says so",
     )
-    started = evolve(call, {"phase": "started", "attempt": e.attempt, "started_at": e.created_at})
+    started = evolve(
+        call,
+        {
+            "phase": "started",
+            "attempt": e.attempt,
+            "started_at": e.created_at,
+            "first_started_at": call.first_started_at or e.created_at,
+        },
+    )
     return {"pending": started, "status": "running"}
 
 
@@ -618,6 +666,7 @@ def _no_change(s: ThreadState, e: ev.Event) -> dict[str, Any]:
 APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
     ev.UserMessage: _user_message,
     ev.ClarificationAnswered: _clarification_answered,
+    ev.AlertReceived: _alert_received,
     ev.ThreadCancelled: _thread_cancelled,
     ev.ModelDecision: _model_decision,
     ev.DecisionRejected: _decision_rejected,
@@ -655,7 +704,12 @@ def apply(state: ThreadState, event: ev.Event) -> ThreadState:
     if event.seq and event.seq != state.last_seq + 1:
         raise _refuse(event, state, f"seq {event.seq} does not follow {state.last_seq}")
     if state.status == "new":
-        _require(isinstance(event, ev.UserMessage), event, state, "a thread starts with a message")
+        _require(
+            isinstance(event, ev.UserMessage | ev.AlertReceived),
+            event,
+            state,
+            "a thread starts with a message or an alert",
+        )
     update = APPLY[type(event)](state, event)
     update["last_seq"] = event.seq or state.last_seq + 1
     if not state.thread_id:

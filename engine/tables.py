@@ -14,6 +14,12 @@ from engine.db import UTCDateTime
 # actor: a handful of rows per decision, so appends of every other event never touch it.
 DECISION_TYPES = ("approval_granted", "approval_rejected", "reconcile_decided")
 DECIDED = sa.text("type IN ({})".format(", ".join(f"'{t}'" for t in DECISION_TYPES)))
+# The events that make and end standing grants (``Store.grant_events``: a channel's
+# grants), found by time through their own partial index: a few rows a day.
+GRANT_TYPES = ("grant_created", "grant_revoked")
+GRANTING = sa.text("type IN ({})".format(", ".join(f"'{t}'" for t in GRANT_TYPES)))
+# Threads open for an alert (``alert_key`` set): a handful among all threads.
+ALERTING = sa.text("alert_key IS NOT NULL")
 
 
 class ThreadRow(SQLModel, table=True):
@@ -21,6 +27,15 @@ class ThreadRow(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("team", "channel", "root_ts", name="uq_threads_slack_key"),
         sa.Index("ix_threads_status_wake", "status", "wake_at"),
+        # One open thread per alert (engine.inputs.receive_alert finds it here): two
+        # deliveries of a new alert racing to open a thread meet this index, not a scan.
+        sa.Index(
+            "uq_threads_alert",
+            "alert_key",
+            unique=True,
+            postgresql_where=ALERTING,
+            sqlite_where=ALERTING,
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=64)
@@ -35,6 +50,9 @@ class ThreadRow(SQLModel, table=True):
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
+    # The alert the thread is open for (``ThreadState.alert``), NULL once it resolves;
+    # derived from the log like ``status``, in the same transaction (revision 0006).
+    alert_key: str | None = Field(default=None, max_length=255)
 
 
 class EventRow(SQLModel, table=True):
@@ -47,6 +65,12 @@ class EventRow(SQLModel, table=True):
             "created_at",
             postgresql_where=DECIDED,
             sqlite_where=DECIDED,
+        ),
+        sa.Index(
+            "ix_events_grants",
+            "created_at",
+            postgresql_where=GRANTING,
+            sqlite_where=GRANTING,
         ),
     )
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from engine import events as ev
+from engine.rules import rule_name
 
 if TYPE_CHECKING:  # a type only: this module does no I/O
     from engine.types import ThreadInfo
@@ -30,7 +31,7 @@ USAGE_FIELDS = (
 )
 # Column widths of ``trace_line``; longer values push the line, never cut it.
 SEQ_WIDTH = 4
-ACTOR_WIDTH = 11  # a Slack user id: U + 10
+ACTOR_WIDTH = 18  # a Slack user id (U + 10), or an alert's source ("alert:alertmanager")
 TYPE_WIDTH = max(len(t) for t in ev.EVENT_TYPES)
 
 
@@ -86,6 +87,10 @@ def _clarification_answered(e: ev.ClarificationAnswered) -> str:
     return f"answer to {e.tool_call_id}: {one_line(e.text, EXCERPT_WIDTH)}"
 
 
+def _alert_received(e: ev.AlertReceived) -> str:
+    return f"{e.status} {e.fingerprint}: {one_line(e.summary, EXCERPT_WIDTH)}"
+
+
 def _thread_cancelled(e: ev.ThreadCancelled) -> str:
     return "cancelled" + _reason(e.reason)
 
@@ -119,7 +124,7 @@ def _clarification_requested(e: ev.ClarificationRequested) -> str:
 def _tool_call_requested(e: ev.ToolCallRequested) -> str:
     text = f"{e.intent}({excerpt(e.arguments)}) policy={e.policy}"
     if e.rule is not None:
-        text += f" rule {e.rule}"
+        text += f" {rule_name(e.rule)}"
     if e.policy_hash:
         text += f" policy {e.policy_hash[:8]}"
     if e.quorum > 1:
@@ -157,6 +162,8 @@ def _grant_revoked(e: ev.GrantRevoked) -> str:
 
 
 def _approval_granted(e: ev.ApprovalGranted) -> str:
+    if e.grant is not None and e.grant.thread_id:
+        return f"approved {e.tool_call_id} by {e.grant.grant_id} of thread {e.grant.thread_id}"
     return f"approved {e.tool_call_id}"
 
 
@@ -182,7 +189,7 @@ def _reconcile_decided(e: ev.ReconcileDecided) -> str:
 def _approval_edited(e: ev.ApprovalEdited) -> str:
     text = f"edited {e.tool_call_id}: {excerpt(e.arguments)}"
     if e.rule is not None:
-        text += f" rule {e.rule}"
+        text += f" {rule_name(e.rule)}"
     if e.quorum > 1:
         text += f" quorum {e.quorum}"
     if e.policy == "reject":
@@ -246,6 +253,7 @@ def _context_compacted(e: ev.ContextCompacted) -> str:
 SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
     ev.UserMessage: _user_message,
     ev.ClarificationAnswered: _clarification_answered,
+    ev.AlertReceived: _alert_received,
     ev.ThreadCancelled: _thread_cancelled,
     ev.ModelDecision: _model_decision,
     ev.DecisionRejected: _decision_rejected,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class ToolContext:
     ``definition_hash`` is the tool definition the call was approved under (from
     ``tool_call_requested``); a tool whose definition can change under it (MCP)
     refuses to run when its current definition no longer matches.
+    ``first_started_at`` is when the call's first attempt started: whatever an earlier,
+    interrupted attempt did happened after it, so a tool that looks for its own effect
+    before repeating it (a dispatched workflow run) looks no further back.
     """
 
     thread_id: str
@@ -23,3 +27,4 @@ class ToolContext:
     attempt: int
     requester: str | None = None
     definition_hash: str | None = None
+    first_started_at: datetime | None = None

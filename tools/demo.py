@@ -233,7 +233,8 @@ async def run_job(args: RunJobArgs, ctx: ToolContext) -> WaitFor:
 
     row = await _insert_once(jobs, ctx.idempotency_key, values)
     return WaitFor(
-        description=f"job {row.name} ({row.seconds} s)",
+        # Read after "Waiting for" on the thread's status and wait lines.
+        description=f"the {row.name} job to run for {row.seconds} s",
         data={"job_id": row.id},
         timeout_s=row.seconds * 3 + 30,
         poll_every_s=min(2.0, float(row.seconds)),

@@ -6,6 +6,9 @@ own opsloop.yaml). Tools: ``list_services`` and ``get_service`` read the catalog
 is saved and then the server process ends before answering, once per request: the
 client sees the connection go away after the call went out, so the outcome is unknown
 and a person reconciles it. "Run it again" sends the same request, which then answers.
+The change was made before the crash, so "It happened" is the true answer here
+(``get_service`` shows it); after "It did not happen" nothing runs again, the catalog
+keeps the change, and the thread's answer says whose word that was and where to look.
 
 The catalog is a JSON file, written before a call answers (or crashes), so a server
 started again after the crash sees what the crashed one did.

@@ -21,7 +21,7 @@ from bot.listeners.deps import CONTEXT_KEY, Deps
 from bot.refusals import shown_in_modal, told_privately
 from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, GRANT_ACTION, REJECT_ACTION
 from bot.render.edit import APPROVE_BLOCK, EDIT_CALLBACK
-from bot.render.grants import REVOKE_ACTION
+from bot.render.grants import GRANT_CALLBACK, REVOKE_ACTION, SPAN_BLOCK
 from bot.render.modals import NOTE_BLOCK, NOTE_CALLBACK, REJECT_CALLBACK
 from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
 from bot.render.status import CANCEL_ACTION
@@ -53,6 +53,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
     app.action(EDIT_ACTION)(told_privately(approvals.on_edit, deps.notify))
     app.action(CANCEL_ACTION)(told_privately(approvals.on_cancel, deps.notify))
     app.view(REJECT_CALLBACK)(shown_in_modal(approvals.on_reject_submitted))
+    app.view(GRANT_CALLBACK)(shown_in_modal(approvals.on_grant_submitted, SPAN_BLOCK))
     # A refused edit is told under the modal's one input it always has.
     app.view(EDIT_CALLBACK)(shown_in_modal(approvals.on_edit_submitted, APPROVE_BLOCK))
     app.action(HAPPENED_ACTION)(told_privately(reconcile.on_happened, deps.notify))

@@ -20,9 +20,11 @@ from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, INVALID_FORM, Refusal
 from bot.render.common import Binding, parse_binding
 from bot.render.edit import edit_modal, error_blocks, read_edit
+from bot.render.grants import grant_modal, read_grant
 from bot.render.modals import REASON_ACTION, REASON_BLOCK, reject_modal
 from engine import events as ev
 from engine.errors import ThreadNotFound
+from engine.grants import GrantAsk
 from engine.inputs import (
     Accepted,
     Decidable,
@@ -32,6 +34,7 @@ from engine.inputs import (
     Refused,
     cancel,
     check_decision,
+    check_reconcile,
     decide_approval,
     edit_call,
 )
@@ -51,13 +54,47 @@ async def on_approve(
 async def on_approve_for(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
 ) -> None:
-    """ "Approve for 1 h": the vote, and a standing grant for these exact arguments."""
+    """ "Approve for 1 h": opens the grant's modal, storing nothing, when the clicker may
+    approve the call and its rule allows grants; otherwise refused, no modal."""
     d, clicked = Deps.of(context), click_of(body)
     binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
-    key = f"click:{clicked.action_ts}"
-    result = await _decide(d, binding, decider, "approve", key, grant=True)
+    checked = await _check(d, binding, decider, "approve", f"click:{clicked.action_ts}")
+    if checked.max_grant_s is None:
+        raise Refusal.because("this call's rule allows no standing grants")
+    modal = grant_modal(
+        thread_id=binding.thread_id,
+        tool_call_id=binding.tool_call_id,
+        arguments_hash=binding.arguments_hash,
+        tool_name=checked.intent,
+        arguments=checked.arguments,
+        max_grant_s=checked.max_grant_s,
+    )
     await ack()
+    # The trigger id expires 3 s after the click: open the modal now.
+    d.background.spawn("views.open", client.views_open(trigger_id=clicked.trigger_id, view=modal))
+
+
+async def on_grant_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext
+) -> None:
+    """The vote and the grant the modal asks for; a choice the call does not allow is
+    shown under its input and stores nothing."""
+    d, (submitted, binding) = Deps.of(context), form_of(body)
+    key = f"view:{submitted.view_id}"
+    if await _resent(d, binding, key, ack):
+        return
+    decider = await d.decider(submitted.user, submitted.org)
+    checked = await _check(d, binding, decider, "approve", key)
+    if checked.max_grant_s is None:
+        raise Refusal.because("this call's rule allows no standing grants")
+    values = p.view_values(body.get("view") or {})
+    asked = read_grant(values, checked.arguments, checked.max_grant_s)
+    if isinstance(asked, dict):
+        await ack(response_action="errors", errors=asked)
+        return
+    result = await _decide(d, binding, decider, "approve", key, grant=asked)
+    await ack()  # closes the modal
     accepted(d, result)
 
 
@@ -128,11 +165,7 @@ async def on_edit_submitted(
     # Slack resends the same submission alike; a corrected one is another input.
     digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
     key = f"view:{submitted.view_id}:{digest}"
-    if (seen := await d.store.find_by_dedupe_key(binding.thread_id, key)) is not None:
-        if isinstance(seen, ev.ApprovalRefused):
-            raise Refusal.because(seen.reason)
-        await ack()  # a resent submission: stored already
-        d.wake(binding.thread_id)
+    if await _resent(d, binding, key, ack):
         return
     decider = await d.decider(submitted.user, submitted.org)
     checked = await _check(d, binding, decider, "edit", key)
@@ -160,25 +193,50 @@ async def on_edit_submitted(
     accepted(d, result)
 
 
+async def _resent(d: Deps, binding: Binding, key: str, ack: AsyncAck) -> bool:
+    """Was this submission stored already (Slack resends one alike)? Then it is acked
+    again, or its refusal told again."""
+    if (seen := await d.store.find_by_dedupe_key(binding.thread_id, key)) is None:
+        return False
+    if isinstance(seen, ev.ApprovalRefused):
+        raise Refusal.because(seen.reason)
+    await ack()
+    d.wake(binding.thread_id)
+    return True
+
+
 async def _check(
     d: Deps,
     binding: Binding,
     decider: Decider,
-    decision: ev.ApprovalDecision | Literal["edit"],
+    decision: ev.ApprovalDecision | Literal["edit", "happened"],
     key: str,
 ) -> Decidable:
     """May ``decider`` make ``decision`` on the bound call now (before a modal opens)?
-    The call if so; a refusal is recorded by the engine and raised here."""
-    checked = await check_decision(
-        d.store,
-        binding.thread_id,
-        tool_call_id=binding.tool_call_id,
-        decider=decider,
-        decision=decision,
-        reviewers=d.reviewers,
-        arguments_hash=binding.arguments_hash,
-        dedupe_key=key,
-    )
+    The call if so; a refusal is recorded by the engine and raised here, so a clicker
+    who may not decide never fills a modal only to be refused. The one step before the
+    reject, edit and grant modals and the reconcile card's note modal (``happened``)."""
+    if decision == "happened":
+        checked = await check_reconcile(
+            d.store,
+            binding.thread_id,
+            tool_call_id=binding.tool_call_id,
+            decider=decider,
+            reviewers=d.reviewers,
+            arguments_hash=binding.arguments_hash,
+            dedupe_key=key,
+        )
+    else:
+        checked = await check_decision(
+            d.store,
+            binding.thread_id,
+            tool_call_id=binding.tool_call_id,
+            decider=decider,
+            decision=decision,
+            reviewers=d.reviewers,
+            arguments_hash=binding.arguments_hash,
+            dedupe_key=key,
+        )
     if isinstance(checked, Refused):
         raise Refusal.because(checked.reason)
     return checked
@@ -246,7 +304,7 @@ async def _decide(
     decision: ev.ApprovalDecision,
     dedupe_key: str,
     reason: str = "",
-    grant: bool = False,
+    grant: GrantAsk | None = None,
 ) -> Accepted:
     """``decision`` on exactly the call the card was made for; refusals raised."""
     result = await decide_approval(

@@ -110,9 +110,11 @@ class Deps:
             log.exception("kick %s failed", thread_id)
 
     async def decider(self, user: str, org: Org | None) -> Decider:
-        """Who clicks; the engine asks ``resolve`` for exactly the groups of the call's
-        reviewer rule (a rule's, or the process's), and only when that can matter. A
-        lookup that fails raises ``ReviewerLookupError``: the refusal says "try again"."""
+        """Who clicks; the engine asks ``resolve`` for exactly the user groups and
+        on-call entries of the call's reviewer rule (a rule's, or the process's), and
+        only when that can matter: at each click, so an on-call hand-over since the card
+        counts. A lookup that fails raises ``ReviewerLookupError``: the refusal says
+        "try again" (or that PagerDuty is not connected), never lets the click through."""
 
         async def resolve(groups: frozenset[str]) -> frozenset[str]:
             if self.groups is None:

@@ -1,11 +1,11 @@
 """The reconcile card's buttons and its note modal: a person says what became of a call
 whose outcome is unknown.
 
-**It happened** asks the engine first (``check_reconcile``: may this person decide now)
-and opens the note modal, storing nothing (a refusal is recorded, as every refused click
-is); its submission decides ``happened`` with the note. **Run it again** and **It did
-not happen** decide at once. Every decision is ``decide_reconcile`` on exactly the call
-the card names; a refusal is raised as
+**It happened** takes the step every modal takes first (``approvals._check``: may this
+person decide now) and opens the note modal, storing nothing (a refusal is recorded and
+told, and no modal opens); its submission decides ``happened`` with the note. **Run it
+again** and **It did not happen** decide at once. Every decision is ``decide_reconcile``
+on exactly the call the card names; a refusal is raised as
 :class:`~bot.refusals.Refusal` and told by the wrapper it is registered with.
 """
 
@@ -18,12 +18,12 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payloads as p
-from bot.listeners.approvals import accepted, binding_of, click_of, form_of
+from bot.listeners.approvals import _check, accepted, binding_of, click_of, form_of
 from bot.listeners.deps import Deps
 from bot.refusals import INVALID_BUTTON, Refusal
 from bot.render.modals import NOTE_ACTION, NOTE_BLOCK, note_modal
 from engine import events as ev
-from engine.inputs import Refused, check_reconcile, decide_reconcile
+from engine.inputs import Refused, decide_reconcile
 
 
 async def on_happened(
@@ -33,17 +33,9 @@ async def on_happened(
     d, clicked = Deps.of(context), click_of(body)
     binding = binding_of(clicked.value, INVALID_BUTTON)
     decider = await d.decider(clicked.user, clicked.org)
-    checked = await check_reconcile(
-        d.store,
-        binding.thread_id,
-        tool_call_id=binding.tool_call_id,
-        decider=decider,
-        reviewers=d.reviewers,
-        arguments_hash=binding.arguments_hash,
-        dedupe_key=f"click:{clicked.action_ts}",
-    )
-    if isinstance(checked, Refused):
-        raise Refusal.because(checked.reason)
+    # The step the reject and edit modals take first: a refusal is recorded and told,
+    # and no modal opens (the requester was refused only after writing the note).
+    checked = await _check(d, binding, decider, "happened", f"click:{clicked.action_ts}")
     await ack()
     # The trigger id expires 3 s after the click: open the modal now.
     modal = note_modal(

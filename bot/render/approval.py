@@ -15,7 +15,7 @@ from typing import Literal, NamedTuple
 
 from bot import mrkdwn as md
 from bot.limits import MAX_ID, MAX_TEXT, Block
-from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
+from bot.mrkdwn import date, escape, for_people, mention, truncate
 from bot.render.common import (
     CallLike,
     People,
@@ -31,8 +31,11 @@ from bot.render.common import (
     short,
     tool,
 )
+from bot.render.readable import tool_title
+from engine import events as ev
 from engine.edits import Change, value_text
-from engine.grants import grant_seconds
+from engine.grants import ANY, grant_seconds, grant_terms
+from engine.rules import rule_name
 from engine.state import SaidSince
 
 # "refused": an edit gave the call arguments the policy refuses.
@@ -46,6 +49,7 @@ EDITS_SHOWN = 3  # the latest edits a card lists (the count goes on)
 CHANGES_SHOWN = 10  # of one edit
 APPROVAL_BLOCK_PREFIX = "opsloop_approval:"
 NOTE_EXCERPT = 150  # a card quotes this much of a message written since it was posted
+DIALOG_NAMED = 5  # approvers a confirm dialog names (its text holds 300 characters)
 
 
 @dataclass(frozen=True)
@@ -107,21 +111,16 @@ def approval_card(
         raise ValueError("an approval card needs the call's arguments hash")
     votes = votes or Votes(needed=_quorum(call))
     value = binding_value(thread_id, call.tool_call_id, args_hash)
-    left = votes.needed - len(votes.by)
-    runs = (
-        f"opsloop runs {tool(call.intent, 60)} with the arguments shown, "
-        f"as {mention(requester)} asked."
-        if left <= 1
-        else f"Your approval counts as one of the {votes.needed} that "
-        f"{tool(call.intent, 60)} needs before it runs."
-    )
-    approve = button(
+    # Slack shows the same dialog to every clicker, before the engine is asked: it says
+    # what an approval does and who may give one, never "your approval counts".
+    sure = confirm(
+        f"Approve {tool_title(call.intent)}?",
+        approve_text(call, votes),
         "Approve",
-        APPROVE_ACTION,
-        value,
+        "Not yet",
         "primary",
-        confirm=confirm(f"Run {md.one_line(call.intent)}?", runs, "Approve", "Not yet", "primary"),
     )
+    approve = button("Approve", APPROVE_ACTION, value, "primary", confirm=sure)
     actions = {
         "type": "actions",
         "block_id": (APPROVAL_BLOCK_PREFIX + call.tool_call_id)[:MAX_ID],
@@ -133,30 +132,76 @@ def approval_card(
         ],
     }
     reminded = f" · 🔔 Reminded {date(reminded_at)}" if reminded_at is not None else ""
-    expiry = context(
-        f"⏳ Expires {date(expires_at)}{reminded} · call {inline_code(call.tool_call_id)}",
-        *_policy_hash(call),
-    )
+    # The call's id and the policy's hash are the trace's, not people's.
+    expiry = context(f"⏳ Expires {date(expires_at)}{reminded}")
     body = _card_body(
-        f"Approval needed: {call.intent}", thread_id, requester, call, reason, notes, people, edits
+        f"Approval needed: {tool_title(call.intent)}",
+        thread_id,
+        requester,
+        call,
+        reason,
+        notes,
+        people,
+        edits,
     )
     progress = [section(progress_text(votes))] if votes.needed > 1 or votes.by else []
     return [*body, *rule_blocks(call), *progress, expiry, actions]
 
 
+def approve_text(call: CallLike, votes: Votes) -> str:
+    """The Approve dialog: what an approval does, true whoever clicks (the card is
+    updated after each vote, so "so far" is current)."""
+    name = tool(tool_title(call.intent), 60)
+    if votes.needed <= 1:
+        what = f"{name} runs with the arguments shown once it is approved."
+    else:
+        what = (
+            f"{name} runs with the arguments shown once {votes.needed} different people "
+            f"have approved it ({len(votes.by)} so far); each person counts once."
+        )
+    return f"{what} {deciders_text(call, 'approve')}"
+
+
+def deciders_text(call: CallLike, verb: str) -> str:
+    """ "Only @bob and @carol may approve, not the requester.": who may decide ``call``
+    by its rule, for a dialog Slack shows alike to every clicker (the reconcile card's
+    too: a reconcile is held to the approval's rule)."""
+    r = call.reviewers
+    if r is None:  # a call from before rules were recorded: the process's approvers
+        return f"Only opsloop's approvers may {verb}."
+    if not r.approvers:
+        return f"Anyone may {verb}." if r.allow_self else f"Anyone but the requester may {verb}."
+    named = people_text(sorted(r.approvers), limit=DIALOG_NAMED)
+    return f"Only {named} may {verb}" + ("." if r.allow_self else ", not the requester.")
+
+
 def _grant_button(call: CallLike, votes: Votes, value: str) -> list[Block]:
     """ "Approve for 1 h" (or the rule's shorter max_grant) when the call's rule allows
-    standing grants and one vote decides it."""
+    standing grants and one vote decides it. It opens a modal (the grant's span, scope
+    and which arguments may vary), which is its confirmation too."""
     max_grant_s = getattr(call, "max_grant_s", None)
     if max_grant_s is None or votes.needed != 1:
         return []
     span = duration_text(grant_seconds(max_grant_s))
-    text = (
-        f"Approves this call, and for {span} any call of {tool(call.intent, 60)} with these"
-        " exact arguments in this thread. /opsloop grants lists grants, to revoke them."
+    return [button(f"Approve for {span}", GRANT_ACTION, value, None)]
+
+
+def grant_note(grant: ev.GrantCreated) -> str:
+    """What a grant made with an approval lets through: "🎟️ … until 3:40 PM"."""
+    terms = grant_terms(grant.arguments_schema)
+    varies = sorted(k for k, v in (terms or {}).items() if v is ANY)
+    like = (
+        "with these exact arguments"
+        if terms is not None and not varies
+        else f"with any {', '.join(md.inline_code(k) for k in varies)} and the rest as now"
+        if varies
+        else "with matching arguments"
     )
-    sure = confirm(f"Approve for {span}?", text, "Approve", "Not yet", "primary")
-    return [button(f"Approve for {span}", GRANT_ACTION, value, None, confirm=sure)]
+    where = "in any thread of this channel" if grant.scope == "channel" else "in this thread"
+    return (
+        f"🎟️ {mention(grant.reviewer)} also granted calls of {tool(grant.tool, 60)} {like}"
+        f" {where} until {date(grant.until)} (/opsloop grants to revoke)"
+    )
 
 
 def duration_text(seconds: float) -> str:
@@ -194,6 +239,7 @@ def decided_card(
     people: People = frozenset(),
     votes: Votes = NO_VOTES,
     edits: Sequence[Edited] = (),
+    grant: ev.GrantCreated | None = None,
 ) -> list[Block]:
     """The card after the decision: no buttons, and who decided what, when and why.
 
@@ -201,13 +247,16 @@ def decided_card(
     reason, ``notes`` what people wrote while it was open) plus the outcome;
     ``decision_reason`` is the reviewer's reject reason (or the policy's, when an edit
     was refused). ``votes``: the approvals it had; an approved card names every
-    approver (``by`` alone when there are none). ``edits`` stay shown.
+    approver (``by`` alone when there are none). ``edits`` stay shown. ``grant``: the
+    standing grant the deciding vote made too, which the card says how far it reaches.
     """
     del expires_at, arguments_hash  # same inputs as the card; the outcome replaces them
     # Slack renders the date as "today at 6:25 PM" or "Dec 1st at 6:25 PM": no "at".
     when = date(at)
     if outcome == "approved":
         line = f"✅ Approved by {people_text(votes.by or (by,))} {when}"
+        if grant is not None:
+            line += "\n" + grant_note(grant)
     elif outcome == "rejected":
         line = f"❌ Rejected by {mention(by)} {when}"
         if votes.by:
@@ -230,11 +279,10 @@ def decided_card(
             line += f" — {escape(decision_reason.strip())}"
     else:
         line = f"🚫 Cancelled by {mention(by)} {when}" if by else f"🚫 Cancelled {when}"
-    title = f"{_OUTCOME_TITLES[outcome]}: {call.intent}"
+    title = f"{_OUTCOME_TITLES[outcome]}: {tool_title(call.intent)}"
     return [
         *_card_body(title, thread_id, requester, call, reason, notes, people, edits),
         *rule_blocks(call),
-        context(f"call {inline_code(call.tool_call_id)}", *_policy_hash(call)),
         section(truncate(line, MAX_TEXT, md.trace_pointer(thread_id))),
     ]
 
@@ -254,7 +302,7 @@ def rule_text(call: CallLike) -> str | None:
     r = call.reviewers
     if r is None:
         return None
-    where = f"rule {r.rule + 1}" if r.rule is not None else "default approvers"
+    where = rule_name(r.rule) if r.rule is not None else "default approvers"
     if r.approvers:
         who = f"{r.quorum} of {people_text(sorted(r.approvers))}"
     else:
@@ -263,7 +311,7 @@ def rule_text(call: CallLike) -> str | None:
     if r.allow_self:
         text += " (the requester may approve too)"
     if r.on_call:
-        text += " · on-call lookups are not connected yet, so an on-call entry matches nobody"
+        text += " · who is on call is asked of PagerDuty at each click"
     return truncate(text, MAX_TEXT)
 
 
@@ -271,11 +319,6 @@ def rule_blocks(call: CallLike) -> list[Block]:
     """The rule line of a card (the reconcile card shows it too), if the call has one."""
     text = rule_text(call)
     return [context(text)] if text else []
-
-
-def _policy_hash(call: CallLike) -> list[str]:
-    digest = getattr(call, "policy_hash", None)
-    return [f"policy {inline_code(str(digest)[:12])}"] if digest else []
 
 
 def progress_text(votes: Votes, icon: str = "🗳️ ") -> str:

@@ -20,6 +20,7 @@ from bot.render.approval import rule_text
 from bot.render.common import People, context, excerpt, section, tool, trace
 from engine.audit import CallAudit, Step
 from engine.edits import UNSET, UNSET_TEXT, changes
+from engine.rules import rule_name
 
 MAX_CALLS = 20  # the latest calls shown; earlier ones are counted
 ARGUMENTS_CHARS = 300  # of a call's arguments (compact JSON)
@@ -97,7 +98,7 @@ def call_text(call: CallAudit, n: int, thread_id: str, people: People = frozense
 
 def _rule_line(call: CallAudit, people: People) -> str:
     if call.outcome == "refused_by_rule":
-        where = f"rule {call.rule + 1}" if call.rule is not None else "a rule"
+        where = rule_name(call.rule) if call.rule is not None else "a rule"
         why = f": {_said(call.reason, people)}" if call.reason.strip() else ""
         return truncate(f"📜 {where} refuses it{why}", STEP_CHARS)
     text = rule_text(call) or "📜 default approvers (no rule recorded with the call)"

@@ -22,6 +22,7 @@ from bot.limits import (
     Block,
 )
 from bot.mrkdwn import escape, inline_code, mention, truncate
+from bot.render.readable import same_words, tool_title
 from engine.reviewers import ReviewerRule
 
 LINE_EXCERPT = 300  # a compact line shows this much of arguments, outputs, errors
@@ -144,6 +145,12 @@ def tool(name: str, limit: int = 100) -> str:
     return f"*{truncate(flat, limit)}*"
 
 
+def titled(name: str, limit: int = 100) -> str:
+    """A tool as people call it, in bold: its title, or its name as words
+    (``mcp__catalog__scale_service`` → *Scale service*)."""
+    return tool(tool_title(name), limit)
+
+
 def trace(thread_id: str) -> str:
     """The command that prints the thread's whole log."""
     return inline_code(f"opsloop trace {thread_id}")
@@ -158,9 +165,9 @@ def approver_text(approver: str) -> str:
     return mention(approver)
 
 
-def people_text(ids: Sequence[str | None]) -> str:
-    """ "@alice, @bob and 3 more": approvers or voters, at most ``MAX_NAMED`` named."""
-    named = [approver_text(i) if i else mention(i) for i in ids[:MAX_NAMED]]
+def people_text(ids: Sequence[str | None], limit: int = MAX_NAMED) -> str:
+    """ "@alice, @bob and 3 more": approvers or voters, at most ``limit`` named."""
+    named = [approver_text(i) if i else mention(i) for i in ids[:limit]]
     more = len(ids) - len(named)
     if more:
         named.append(f"{more} more")
@@ -173,12 +180,15 @@ def people_text(ids: Sequence[str | None]) -> str:
 
 
 def call_fields(requester: str | None, call: CallLike) -> Block:
-    """Who asked for the call, and its tool, side by side."""
+    """Who asked for the call, and its tool, side by side: the tool's title, and the
+    name the policy's rules match when the title is more than that name as words."""
+    title = tool_title(call.intent)
+    name = "" if same_words(call.intent, title) else f"\n{inline_code(call.intent)}"
     return {
         "type": "section",
         "fields": [
             mrkdwn(f"*Requested by*\n{mention(requester)}", MAX_FIELD_TEXT),
-            mrkdwn(f"*Tool*\n{tool(call.intent)}", MAX_FIELD_TEXT),
+            mrkdwn(f"*Tool*\n{tool(title)}{name}", MAX_FIELD_TEXT),
         ],
     }
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.limits import MAX_TEXT
-from bot.mrkdwn import ago, date, escape, inline_code, mention, one_line, slack_len, truncate
+from bot.mrkdwn import date, escape, inline_code, mention, one_line, slack_len, truncate
 
 MAX_LINES = 20  # per list; the rest is counted, not shown
 _SECTION_TEXT = MAX_TEXT
@@ -113,15 +113,16 @@ def _cut(text: str, limit: int) -> str:
 
 
 def row_line(row: ThreadRow) -> str:
-    """``• #ops · waiting for approval: *deploy* `service=api` · asked by @ann 12 minutes
-    ago · open thread``; a thread without a call: its status and when it last changed."""
+    """``• #ops · waiting for approval: *deploy* `service=api` · asked by @ann today at
+    2:19 AM · open thread``; a thread without a call: its status and when it last changed."""
     status = STATUS_LABELS.get(row.status, escape(row.status))
     asked = f"asked by {mention(row.requester)} · {date(row.updated_at)}"
     if row.tool:
         status += f": *{escape(one_line(row.tool)).replace('*', '∗')[:100]}*"
         if summary := arguments_summary(row.arguments):
             status += f" {summary}"
-        asked = f"asked by {mention(row.requester)} {ago(row.requested_at or row.updated_at)}"
+        # As cards say a time ("today at 2:19 AM"): one date format everywhere.
+        asked = f"asked by {mention(row.requester)} {date(row.requested_at or row.updated_at)}"
     return f"• {channel_name(row.channel)} · {status} · {asked} · {where(row)}"
 
 

@@ -12,14 +12,18 @@ from typing import Any, NamedTuple
 
 from bot import mrkdwn as md
 from bot.limits import MAX_MESSAGE_BLOCKS, MAX_TEXT, Block
-from bot.mrkdwn import date, escape, for_people, inline_code, mention, truncate
-from bot.render.common import People, context, excerpt, section, short, tool, trace
+from bot.mrkdwn import date, escape, for_people, mention, truncate
+from bot.render import readable
+from bot.render.alerts import alert_line
+from bot.render.common import People, context, section, short, titled, trace
 from engine import events as ev
+from engine.rules import rule_name
 
 # How people see each type is one of its facts (engine.events.Facts): a line of its own
 # (rendered by ``LINES``), or on the approval or reconcile card.
 SHOWN_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "line")
 CARD_TYPES = frozenset(ev.type_name(c) for c in ev.EVENT_CLASSES if c.facts.people == "card")
+RESULT_EXCERPT = 1200  # of a result shown as text (the log keeps all of it)
 
 
 class _Seen(NamedTuple):
@@ -54,7 +58,7 @@ def granted_line(call: ev.ToolCallRequested, reviewer: str, until: datetime) -> 
     until 15:40"."""
     return [
         context(
-            f"🔧 {tool(call.intent)} {excerpt(call.arguments)} · approved by"
+            f"🔧 {titled(call.intent)}{_arguments(call.arguments)} · approved by"
             f" {mention(reviewer)}'s grant until {date(until)}"
         )
     ]
@@ -62,26 +66,41 @@ def granted_line(call: ev.ToolCallRequested, reviewer: str, until: datetime) -> 
 
 def _call_name(call_id: str | None, tool_name: str | None) -> str:
     if tool_name:
-        return tool(tool_name)
-    return inline_code(call_id) if call_id else "the model call"
+        return titled(tool_name)
+    return "the call" if call_id else "the model call"  # its id is for the trace
+
+
+def _arguments(arguments: dict[str, Any]) -> str:
+    """ " · service: api, replicas: 6", or nothing for a call without arguments."""
+    text = readable.arguments_text(arguments)
+    return f" · {short(text)}" if text else ""
+
+
+def _readable(value: Any) -> str:
+    """A result as people read it, after what it completes: ": Scaled api" on the same
+    line, ``key: value`` lines below it, or nothing."""
+    text = readable.result_text(value)
+    if not text:
+        return ""
+    shown = truncate(md.fence_safe(escape(text)), RESULT_EXCERPT)
+    return f"\n{shown}" if "\n" in text or ": " in text else f": {shown}"
 
 
 def _tool_call(e: ev.ToolCallRequested, seen: _Seen) -> list[Block] | None:
     if e.policy == "approve_before_run":
         return None  # the approval card shows this call
     if e.policy == "reject":  # a policy rule refused it; the model reads the reason
-        rule = f" by rule {e.rule + 1}" if e.rule is not None else ""
+        rule = f" by {rule_name(e.rule)}" if e.rule is not None else ""
         why = f": {short(e.reason)}" if e.reason.strip() else ""
-        return [context(f"🛑 {tool(e.intent)} was refused{rule}{why}")]
+        return [context(f"🛑 {titled(e.intent)} was refused{rule}{why}")]
     waits = " (waits for an external job)" if e.policy == "wait_for_external_event" else ""
-    return [context(f"🔧 {tool(e.intent)} {excerpt(e.arguments)}{waits}")]
+    return [context(f"🔧 {titled(e.intent)}{_arguments(e.arguments)}{waits}")]
 
 
 def _tool_result(e: ev.ToolResult, seen: _Seen) -> list[Block]:
     who = _call_name(e.tool_call_id, seen.tool_name)
     if e.ok:
-        shown = "" if e.output is None else f": {excerpt(e.output, 200)}"
-        return [context(f"✔️ {who} done{shown}")]
+        return [context(f"✔️ {who} done{_readable(e.output)}")]
     return [context(f"⚠️ {who} failed: {short(e.error or 'no error message')}")]
 
 
@@ -100,19 +119,19 @@ def _wait_started(e: ev.WaitStarted, seen: _Seen) -> list[Block]:
 
 
 def _wait_finished(e: ev.WaitFinished, seen: _Seen) -> list[Block]:
-    shown = f": {excerpt(e.result, 200)}" if e.result else ""
-    return [context(f"✔️ The wait is over{shown}")]
+    return [context(f"✔️ The wait is over{_readable(e.result)}")]
 
 
 def _wait_timed_out(e: ev.WaitTimedOut, seen: _Seen) -> list[Block]:
-    return [context(f"⌛ Gave up waiting ({inline_code(e.wait_id)}): it timed out")]
+    return [context("⌛ Gave up waiting: it timed out")]
 
 
 def _question(e: ev.ClarificationRequested, seen: _Seen) -> list[Block]:
     ping = f"{mention(seen.requester)} " if seen.requester else ""
     question = for_people(escape(e.question), seen.people)
     text = truncate(f"❓ {ping}{question}", MAX_TEXT, md.trace_pointer(e.thread_id))
-    return [section(text), context("Reply in this thread to answer.")]
+    # The status line says where to answer ("answer in this thread"): said once.
+    return [section(text)]
 
 
 def _decision_rejected(e: ev.DecisionRejected, seen: _Seen) -> list[Block]:
@@ -129,6 +148,11 @@ def _error(e: ev.ErrorRaised, seen: _Seen) -> list[Block]:
 
 def _final_answer(e: ev.FinalAnswer, seen: _Seen) -> list[Block]:
     return answer_blocks(e.text, e.thread_id, people=seen.people)
+
+
+def _alert(e: ev.AlertReceived, seen: _Seen) -> list[Block]:
+    # The alert that opened the thread is its root post (bot.outbox), not a line.
+    return alert_line(e)
 
 
 def _cancelled(e: ev.ThreadCancelled, seen: _Seen) -> list[Block]:
@@ -149,6 +173,7 @@ LINES: dict[type[ev.Event], Callable[[Any, _Seen], list[Block] | None]] = {
     ev.ErrorRaised: _error,
     ev.FinalAnswer: _final_answer,
     ev.ThreadCancelled: _cancelled,
+    ev.AlertReceived: _alert,
 }
 
 

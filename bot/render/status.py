@@ -7,8 +7,8 @@ Pure: no I/O here.
 from __future__ import annotations
 
 from bot.limits import Block
-from bot.mrkdwn import date, inline_code, mention
-from bot.render.common import approver_text, button, confirm, context, section, short, tool, trace
+from bot.mrkdwn import date, mention
+from bot.render.common import approver_text, button, confirm, section, short, titled
 from engine.reviewers import ANYONE, ReviewerRule
 from engine.state import PendingCall, ThreadState
 
@@ -34,25 +34,25 @@ def status_text(state: ThreadState, reviewers: ReviewerRule = ANYONE) -> str:
         who = _approvers_of(call, reviewers) or "a reviewer"
         expires = f" (expires {date(call.expires_at)})" if call.expires_at else ""
         done = f", {len(call.votes)} of {call.quorum} so far" if call.quorum > 1 else ""
-        return f"⏸️ Waiting for approval from {who} to run {tool(call.intent)}{expires}{done}"
+        return f"⏸️ Waiting for approval from {who} to run {titled(call.intent)}{expires}{done}"
     if status == "awaiting_reply":
         return f"💬 Waiting for your reply, {mention(state.requester)}: answer in this thread"
     if status == "awaiting_job" and call is not None and call.wait is not None:
         return (
-            f"⏳ Waiting for job: {short(call.wait.description, 500)} "
+            f"⏳ Waiting for {short(call.wait.description, 500)} "
             f"(gives up {date(call.wait.timeout_at)})"
         )
     if status == "awaiting_reconcile" and call is not None:
         who = _approvers_of(call, reviewers) or "someone"
         return (
-            f"❓ {tool(call.intent)} was interrupted: waiting for {who} to say whether it "
+            f"❓ {titled(call.intent)} was interrupted: waiting for {who} to say whether it "
             "happened (see the card)"
         )
     if status == "sleeping" and state.wake_at is not None:
         return f"🔁 Retrying {date(state.wake_at)}"
     if status == "idle" and state.setback is not None:
         # Answered, but the call it asked for did not happen: not a green check.
-        name = tool(state.setback.intent)
+        name = titled(state.setback.intent)
         return {
             "rejected": f"🛑 Ended without running {name}: a reviewer rejected it",
             "expired": f"⌛ Ended without running {name}: nobody approved it in time",
@@ -84,7 +84,9 @@ def status_message(
 ) -> list[Block]:
     """The thread's status line, with a Cancel button while the thread is active.
 
-    ``approvers`` (user and user-group ids) are named while an approval is awaited.
+    ``approvers`` (user and user-group ids) are named while an approval is awaited. No
+    thread id: people find the log from the thread (``opsloop trace CHANNEL/TS``,
+    ``/opsloop audit`` with its link), and an id in every thread is noise to them.
     """
     line = section(status_text(state, reviewers))
     if state.status in ACTIVE:
@@ -95,10 +97,12 @@ def status_message(
             "danger",
             confirm=confirm(
                 "Cancel this thread?",
-                "opsloop stops working on it. A tool call already running is not undone.",
+                # Shown alike to every clicker: it says who may cancel.
+                "opsloop stops working on it. A tool call already running is not undone. "
+                "Only the requester or an approver may cancel.",
                 "Cancel thread",
                 "Keep going",
                 "danger",
             ),
         )
-    return [line, context(f"Thread {inline_code(thread_id)} · full log: {trace(thread_id)}")]
+    return [line]

@@ -3,7 +3,9 @@
 Stateless like ``ScriptedModel``: each step is chosen from the prompt alone (the latest
 thing a person said, and the tool calls and results after it), so a process that
 restarts mid-thread carries on from the right place. Its phrases walk every path of
-the product: a lookup, an approval, a clarification, a wait, a retry and an answer.
+the product: a lookup, an approval, a clarification, a wait, a retry and an answer; with
+local mode's own opsloop.yaml, a deploy through CI (GitHub Actions, waited for), an
+approval only whoever is on call may give (PagerDuty), and an alert's thread.
 
 Pure: no I/O here.
 """
@@ -38,6 +40,15 @@ PHRASEBOOK: list[tuple[str, str]] = [
         "the catalog crashes mid-call: a reviewer says whether it happened",
     ),
     ("restart api", "an HTTP action with an idempotency key, after bob or carol approves"),
+    (
+        "deploy api to staging through CI",
+        "dispatches a GitHub Actions workflow after a reviewer approves, waits for its run",
+    ),
+    (
+        "deploy api to production through CI",
+        "the same to production: only whoever PagerDuty has on call (bob) may approve",
+    ),
+    ("who is on call", "asks PagerDuty who is on call now (runs at once)"),
     ("help", "lists these phrases"),
 ]
 
@@ -48,6 +59,9 @@ LIST_SERVICES, GET_SERVICE, SCALE_SERVICE = (
     CATALOG + "scale_service",
 )
 RESTART_SERVICE = "restart_service"
+DISPATCH, ONCALL = "github_dispatch_workflow", "pagerduty_oncall"
+# The repository and workflow of local mode's GitHub (localslack/integrations.py).
+CI_REPO, CI_WORKFLOW, CI_REF = "acme/platform", "deploy.yml", "main"
 LOCAL_CONFIG = "opsloop local's own opsloop.yaml (localslack/opsloop.yaml)"
 
 # Where each tool comes from, for the answer when one is not loaded.
@@ -57,8 +71,10 @@ TOOL_MODULES = {
     "run_job": "tools.demo",
     "check_health": "tools.demo",
 }
-TOOL_CONFIGS = {name: LOCAL_CONFIG for name in (LIST_SERVICES, GET_SERVICE, SCALE_SERVICE)}
-TOOL_CONFIGS[RESTART_SERVICE] = LOCAL_CONFIG
+TOOL_CONFIGS = {
+    name: LOCAL_CONFIG
+    for name in (LIST_SERVICES, GET_SERVICE, SCALE_SERVICE, RESTART_SERVICE, DISPATCH, ONCALL)
+}
 
 _I = re.IGNORECASE
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
@@ -89,6 +105,18 @@ _LOOKUP = re.compile(
     _I,
 )
 _DEPLOY = re.compile(r"^(?:deploy|ship)\b(?P<rest>.*)$", _I | re.DOTALL)
+# "… through CI": a GitHub Actions workflow rather than the demo's deploy tool.
+_THROUGH_CI = re.compile(
+    r"\s+(?:through|via|using|with|on|in)\s+(?:the\s+)?"
+    r"(?:ci|github(?:\s+actions)?|actions|(?:a\s+|the\s+)?(?:deploy\s+)?workflow)\b",
+    _I,
+)
+_ONCALL = re.compile(r"^(?:who(?:'s|\s+is)\s+)?on[\s-]?call(?:\s+now|\s+right\s+now)?$", _I)
+# How engine.context begins an alert's input ("[alert:<source>] An alert fired …").
+_ALERT = re.compile(
+    r"^(?:An alert fired and opened this thread|The alert this thread is about "
+    r"(?:fired again|has resolved))\."
+)
 _ENV = re.compile(r"\b(?:to|in|on|into)\s+(?:the\s+)?(?P<env>[\w-]+)(?:\s+env(?:ironment)?)?\b", _I)
 _VERSION = re.compile(
     r"(?:\bversion\s+|\bv|@)(?P<v>\d[\w.+-]*)|\b(?P<bare>\d+(?:\.\d+)+[\w.+-]*)", _I
@@ -129,6 +157,8 @@ _SCALE = re.compile(
 _RESTART = re.compile(rf"^restart\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?$", _I)
 _NEVER_MIND = re.compile(r"^(?:no|nope|cancel|never\s*mind|stop|abort|forget it)\b", _I)
 DEFAULT_JOB_SECONDS = 10
+# How engine.context answers a call a person said did not happen ("Not run: <@U1> says …").
+_DID_NOT_HAPPEN = "says it did not happen"
 
 
 @dataclass(frozen=True)
@@ -298,6 +328,8 @@ def _echo(text: str | None) -> str:
 
 
 def _start(request: str, tools: set[str | None]) -> _Step:
+    if (alert := _alert(request)) is not None:
+        return _alert_step(alert, tools)
     text = _clean(request)
     if not text or _HELP.match(text):
         return _Step(help_text())
@@ -305,8 +337,13 @@ def _start(request: str, tools: set[str | None]) -> _Step:
         query = m["query"].strip(" ?\"'“”")
         text = f"Searching the docs for “{_echo(query)}”."
         return _use(tools, "search_docs", {"query": query}, text)
+    if (m := _DEPLOY.match(text)) and (ci := _THROUGH_CI.search(m["rest"])):
+        rest = m["rest"][: ci.start()] + " " + m["rest"][ci.end() :]
+        return _ci_step(_parse_deploy(rest), tools)
     if m := _DEPLOY.match(text):
         return _deploy_step(_parse_deploy(m["rest"]), tools)
+    if _ONCALL.match(text.rstrip("?")):
+        return _use(tools, ONCALL, {}, "Asking PagerDuty who is on call now.")
     if m := _JOB.match(text):
         return _job_step(m, tools)
     for pattern in _HEALTH:
@@ -330,10 +367,15 @@ def _catalog_step(text: str, tools: set[str | None]) -> _Step | None:
     if m := _SCALE.match(text):
         service, replicas = m["s"].lower(), int(m["n"])
         args: dict[str, Any] = {"service": service, "replicas": replicas}
-        what = f"Scaling {_echo(service)} to {replicas} replicas, once a reviewer approves."
+        # "once it is approved": the card says by whom and how many (a rule may need 2).
+        what = f"Scaling {_echo(service)} to {_replicas(replicas)}, once it is approved."
         if m["crash"]:
             args["simulate_crash"] = True
-            what += " The catalog will crash mid-call, so a reviewer will say what happened."
+            what += (
+                " The catalog will crash right after making the change, before it answers:"
+                f" a reviewer says what happened (`show service {_echo(service)}` in a new"
+                " message shows what the catalog has)."
+            )
         return _use(tools, SCALE_SERVICE, args, what)
     if m := _RESTART.match(text):
         service = m["s"].lower()
@@ -397,14 +439,14 @@ def _deploy_step(req: _DeployRequest, tools: set[str | None]) -> _Step:
     if req.service is None:
         if "deploy" not in tools:  # no point asking for a service we cannot deploy
             return _use(tools, "deploy", {}, "")
-        question = "Which service should I deploy? Reply in this thread with its name, e.g. `api`."
+        question = "Which service should I deploy? Its name is enough, e.g. `api`."
         return _Step("", CLARIFICATION_TOOL, {"question": question})
     env = req.environment or "staging"
     args: dict[str, Any] = {"service": req.service, "environment": env}
     if req.version:
         args["version"] = req.version
     what = _echo(f"{req.service} {req.version}" if req.version else req.service)
-    return _use(tools, "deploy", args, f"Deploying {what} to {env}, once a reviewer approves.")
+    return _use(tools, "deploy", args, f"Deploying {what} to {env}, once it is approved.")
 
 
 def _job_step(m: re.Match[str], tools: set[str | None]) -> _Step:
@@ -435,7 +477,9 @@ def _follow_up(request: str, last: _Call, tools: set[str | None]) -> _Step:
     if last.name == "run_job":
         return _Step(_job_summary(last))
     if last.name == "check_health":
-        return _Step(_health_summary(last))
+        health = _health_summary(last)
+        alert = _alert(request)
+        return _Step(_after_alert(alert, health) if alert is not None else health)
     if last.name in SUMMARIES:
         return _Step(SUMMARIES[last.name](last))
     if last.is_error:
@@ -477,8 +521,17 @@ def _json(text: str | None) -> dict[str, Any]:
 
 
 def _cut(text: str | None, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters: cut after its last whole
+    sentence that fits, else after a whole word, never inside one."""
     text = " ".join((text or "").split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    sentence = max(head.rfind(". "), head.rfind("! "), head.rfind("? "))
+    if sentence >= limit // 2:
+        return head[: sentence + 1]
+    word = head.rfind(" ")
+    return (head[:word] if word > 0 else head) + "…"
 
 
 def _quote(text: str | None, limit: int = 500) -> str:
@@ -563,12 +616,12 @@ def _list_summary(call: _Call) -> str:
     rows = _structured(call).get("services")
     if not isinstance(rows, list) or not rows:
         return f"The catalog answered: {_cut(call.result, 300)}"
-    lines = [f"The catalog has {len(rows)} services:"]
+    lines = [f"The catalog has {len(rows)} service{'' if len(rows) == 1 else 's'}:"]
     for row in rows:
         if isinstance(row, dict):
             lines.append(
                 f"• *{_echo(str(row.get('service')))}*: owner {_echo(str(row.get('owner')))}, "
-                f"{row.get('replicas')} replicas"
+                f"{_replicas(row.get('replicas'))}"
             )
     return "\n".join(lines)
 
@@ -582,20 +635,40 @@ def _service_summary(call: _Call) -> str:
         return f"{service}: {_cut(call.result, 300)}"
     return (
         f"*{service}*: owner {_echo(str(out.get('owner')))}, tier {_echo(str(out.get('tier')))}, "
-        f"{out['replicas']} replicas."
+        f"{_replicas(out['replicas'])}."
     )
+
+
+def _replicas(n: Any) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
 
 
 def _scale_summary(call: _Call) -> str:
     service = _echo(str(call.input.get("service", "the service")))
     replicas = call.input.get("replicas")
+    if call.is_error and _DID_NOT_HAPPEN in (call.result or ""):
+        # A person's word on an interrupted call, not the catalog's: say whose it is,
+        # and where to look (the demo's catalog saves the change before it crashes).
+        return (
+            f"I did not run it again: scaling {service} to {_replicas(replicas)} did not "
+            f"happen, a person said.\n{_quote(call.result)}\n"
+            f"`show service {service}` shows what the catalog has now."
+        )
     if call.is_error:
-        return f"Not scaled: {service} to {replicas} replicas.\n{_quote(call.result)}"
+        return f"Not scaled: {service} to {_replicas(replicas)}.\n{_quote(call.result)}"
     out = _structured(call)
+    if "was" in out and out["was"] == out.get("replicas") and call.input.get("simulate_crash"):
+        # Run again after the crash: the first attempt had made the change already.
+        return (
+            f"{service} has {_replicas(out['was'])}: the interrupted call had taken effect"
+            " before the crash, so running it again changed nothing."
+        )
+    if "was" in out and out["was"] == out.get("replicas"):
+        return f"{service} already had {_replicas(out['was'])}; nothing changed."
     if "was" in out:
-        return f"Scaled {service} to {out.get('replicas')} replicas (it had {out['was']})."
+        return f"Scaled {service} to {_replicas(out.get('replicas'))} (it had {out['was']})."
     # Not the tool's answer: a person said what became of a call cut off mid-way.
-    return f"Scaled {service} to {replicas} replicas: {_cut(call.result, 300)}"
+    return f"Scaled {service} to {_replicas(replicas)}: {_cut(call.result, 300)}"
 
 
 def _restart_summary(call: _Call) -> str:
@@ -610,9 +683,132 @@ def _restart_summary(call: _Call) -> str:
     return f"Restarted {service} through the platform API (restart #{out['restart']}){again}."
 
 
+# --- GitHub Actions and PagerDuty (local mode's own opsloop.yaml) ------------------------
+
+
+def _ci_step(req: _DeployRequest, tools: set[str | None]) -> _Step:
+    if req.unknown_environment:
+        return _Step(
+            f"I can deploy to staging or production, not “{_echo(req.unknown_environment)}”. "
+            "Try `deploy api to staging through CI`."
+        )
+    if req.service is None:
+        return _Step("Which service? Try `deploy api to staging through CI`.")
+    env = req.environment or "staging"
+    inputs = {"service": req.service, "environment": env}
+    if req.version:
+        inputs["version"] = req.version
+    args = {"repo": CI_REPO, "workflow": CI_WORKFLOW, "ref": CI_REF, "inputs": inputs}
+    what = _echo(f"{req.service} {req.version}" if req.version else req.service)
+    text = (
+        f"Deploying {what} to {env} through CI ({CI_WORKFLOW} on {CI_REPO}), once it is "
+        "approved; I'll report how the run ends."
+    )
+    return _use(tools, DISPATCH, args, text)
+
+
+def _seconds(value: Any) -> str:
+    return f"{round(value)} s" if isinstance(value, int | float) else "an unknown time"
+
+
+def _ci_summary(call: _Call) -> str:
+    given = call.input.get("inputs")
+    inputs: dict[str, Any] = given if isinstance(given, dict) else {}
+    what = _echo(" ".join(str(x) for x in (inputs.get("service"), inputs.get("version")) if x))
+    env = _echo(str(inputs.get("environment", "staging")))
+    if call.is_error:
+        return f"Not deployed through CI: {what} to {env}.\n{_quote(call.result)}"
+    out = _json(call.result)
+    if "conclusion" not in out:
+        return f"The CI run of {what} to {env} ended: {_cut(call.result, 300)}"
+    run = f"the {_echo(str(out.get('workflow') or CI_WORKFLOW))} run {out.get('run_id')}"
+    link = f" {out['html_url']}" if isinstance(out.get("html_url"), str) else ""
+    if out["conclusion"] == "success":
+        took = _seconds(out.get("duration_s"))
+        return f"Deployed {what} to {env} through CI: {run} succeeded in {took}.{link}"
+    if out.get("error"):
+        return f"Not known whether {what} is deployed to {env}: {run}: {_echo(str(out['error']))}"
+    failed = [str(j) for j in out.get("failed_jobs") or []]
+    jobs = f" Failed jobs: {_echo(', '.join(failed))}." if failed else ""
+    return (
+        f"Not deployed: {run} of {what} to {env} ended {_echo(str(out['conclusion']))} "
+        f"after {_seconds(out.get('duration_s'))}.{jobs}{link}"
+    )
+
+
+def _oncall_summary(call: _Call) -> str:
+    if call.is_error:
+        return f"PagerDuty could not say who is on call:\n{_quote(call.result)}"
+    rows = _json(call.result).get("oncalls")
+    if not isinstance(rows, list):
+        return f"PagerDuty answered: {_cut(call.result, 300)}"
+    if not rows:
+        return "Nobody is on call in PagerDuty right now."
+    lines = ["On call now, says PagerDuty:"]
+    for row in rows[:10]:
+        if not isinstance(row, dict):
+            continue
+        where = row.get("schedule") or row.get("escalation_policy") or {}
+        name = where.get("name") or where.get("id") if isinstance(where, dict) else None
+        until = f", until {_echo(str(row['until']))}" if row.get("until") else ""
+        lines.append(
+            f"• *{_echo(str(row.get('user')))}* ({_echo(str(row.get('email')))}): "
+            f"{_echo(str(name or 'on call'))}, level {row.get('level')}{until}"
+        )
+    return "\n".join(lines)
+
+
+# --- an alert's thread ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Alert:
+    status: str
+    summary: str
+    service: str | None
+
+
+def _alert(request: str) -> _Alert | None:
+    """The alert an alert's input carries (its data, after the heading), or None."""
+    if not _ALERT.match(request):
+        return None
+    start = request.find("{")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(request, start) if start >= 0 else ({}, 0)
+    except ValueError:
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    labels = data.get("labels")
+    service = labels.get("service") if isinstance(labels, dict) else None
+    return _Alert(
+        str(data.get("status") or "firing"),
+        str(data.get("summary") or "an alert"),
+        str(service).lower() if isinstance(service, str) and re.fullmatch(_NAME, service) else None,
+    )
+
+
+def _alert_step(alert: _Alert, tools: set[str | None]) -> _Step:
+    summary = _echo(alert.summary)
+    if alert.status == "resolved":
+        return _Step(f"The alert has resolved (“{summary}”). Nothing more to look at here.")
+    if alert.service is None:
+        return _Step(
+            f"An alert fired: “{summary}”. It names no service, and I know no read-only "
+            "check for it, so I did nothing."
+        )
+    text = f"An alert fired: “{summary}”. Checking the health of {alert.service} (read-only)."
+    return _use(tools, "check_health", {"service": alert.service}, text)
+
+
+def _after_alert(alert: _Alert, health: str) -> str:
+    return f"{health}\nThe alert: “{_echo(alert.summary)}”. I only looked: nothing was changed."
+
+
 SUMMARIES = {
     LIST_SERVICES: _list_summary,
     GET_SERVICE: _service_summary,
     SCALE_SERVICE: _scale_summary,
     RESTART_SERVICE: _restart_summary,
+    DISPATCH: _ci_summary,
+    ONCALL: _oncall_summary,
 }

@@ -40,7 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine import faults, mapper, metrics
 from engine.db import DatabaseConfig
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
-from engine.events import AnyEvent, Event, utcnow
+from engine.events import AnyEvent, Event, GrantCreated, GrantRevoked, utcnow
+from engine.grants import GRANT_LONGEST_S
 from engine.state import ThreadState, reduce
 from engine.types import Appended, Decided, ThreadInfo, ThreadKey
 
@@ -212,6 +213,17 @@ class Store(abc.ABC):
     async def find_thread(self, key: ThreadKey) -> str | None: ...
 
     @abc.abstractmethod
+    async def find_alert_thread(self, alert_key: str) -> str | None:
+        """The thread open for the alert ``alert_key`` (``ThreadState.alert``), if any:
+        one at most, by the unique index ``uq_threads_alert``."""
+
+    @abc.abstractmethod
+    async def set_root(self, thread_id: str, pending: str, root_ts: str) -> bool:
+        """Move a thread whose root is the placeholder ``pending`` (an alert's, before
+        the bot posted it) to ``root_ts``, the post's ts, so replies there find it.
+        False when its root is not ``pending`` (moved already)."""
+
+    @abc.abstractmethod
     async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
         """Thread rows by id, or by (channel, root_ts)."""
 
@@ -236,6 +248,12 @@ class Store(abc.ABC):
         thread's ``team``, ``channel``, ``root_ts`` and the ``tool`` (intent) of the
         ``tool_call_requested`` it decided; through the partial index
         ``ix_events_decisions``, never a scan of the events table."""
+
+    @abc.abstractmethod
+    async def _grant_rows(self, channel: str, team: str | None, since: datetime) -> list[Row]:
+        """The ``grant_created`` / ``grant_revoked`` rows of ``channel``'s threads (of
+        ``team`` only, when given) written since ``since``, in log order; through the
+        partial index ``ix_events_grants``."""
 
     @abc.abstractmethod
     async def _append(
@@ -363,6 +381,20 @@ class Store(abc.ABC):
             )
             for r in rows
         ]
+
+    async def grant_events(
+        self, channel: str, *, team: str | None = None, now: datetime | None = None
+    ) -> list[tuple[str, GrantCreated | GrantRevoked]]:
+        """The grant events of ``channel``'s threads that may still matter at ``now``
+        (made within the longest a grant lasts), each with its thread id, in log order:
+        what ``engine.grants.channel_grants`` folds, and ``/opsloop grants`` lists."""
+        since = (now or utcnow()) - timedelta(seconds=GRANT_LONGEST_S)
+        found = []
+        for row in await self._grant_rows(channel, team, since):
+            event = mapper.from_row(row)
+            assert isinstance(event, GrantCreated | GrantRevoked)  # the query's types
+            found.append((row["thread_id"], event))
+        return found
 
     async def find_by_dedupe_key(self, thread_id: str, key: str) -> AnyEvent | None:
         row = await self._dedupe(thread_id, key)

@@ -37,7 +37,7 @@ from engine.store.base import (
     Store,
     WorkerInfo,
 )
-from engine.tables import DECIDED, EVENTS, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, GRANTING, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
     no dedupe key and are not due a snapshot.
 
     The events as arrays (``EVENT_ARRAYS``); the thread's new ``last_seq``, ``status``,
-    ``wake_at``, ``requester``, ``now``; its ``thread_id`` and ``expected_seq``; the
+    ``wake_at``, ``requester``, ``alert_key``, ``now``; its ``thread_id`` and ``expected_seq``; the
     appending store's ``origin`` and whether the append ``wakes`` the thread; with
     ``keys``, the inputs' dedupe ``keys``; with ``snapshot``, the ``snapshot``."""
     ctes = []
@@ -127,7 +127,7 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
     ctes.append(f"""moved AS (
     UPDATE threads
     SET last_seq = :last_seq, status = :status, wake_at = :wake_at, requester = :requester,
-        updated_at = :now
+        alert_key = :alert_key, updated_at = :now
     WHERE id = :thread_id AND last_seq = :expected_seq{unstored}
     RETURNING id
 )""")
@@ -162,14 +162,16 @@ APPEND_SQL = {
     for snapshot in (False, True)
 }
 # A new thread already at its state (as the append's ``moved``), at its ``team``,
-# ``channel`` and ``root_ts``, with its first events and any ``snapshot``.
+# ``channel`` and ``root_ts``, with its first events and any ``snapshot``; nothing when a
+# thread is at that key, or open for its alert, already (any conflict).
 CREATE_SQL = Statement(f"""
 WITH created AS (
     INSERT INTO threads
-        (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
+        (id, team, channel, root_ts, status, last_seq, wake_at, requester, alert_key,
+        created_at, updated_at)
     VALUES (:thread_id, :team, :channel, :root_ts, :status, :last_seq, :wake_at, :requester,
-        :now, :now)
-    ON CONFLICT (team, channel, root_ts) DO NOTHING
+        :alert_key, :now, :now)
+    ON CONFLICT DO NOTHING
     RETURNING id
 ), inserted AS (
     {_INSERT_EVENTS}
@@ -194,6 +196,12 @@ UNION ALL SELECT id FROM threads WHERE team = :team AND channel = :channel AND r
 """)
 FIND_THREAD_SQL = Statement(
     "SELECT id FROM threads WHERE team = :team AND channel = :channel AND root_ts = :root_ts"
+)
+# Through the partial unique index ``uq_threads_alert``.
+FIND_ALERT_SQL = Statement("SELECT id FROM threads WHERE alert_key = :alert_key")
+# A thread whose root was a placeholder moves to the message the bot posted for it.
+SET_ROOT_SQL = Statement(
+    "UPDATE threads SET root_ts = :root_ts WHERE id = :thread_id AND root_ts = :pending"
 )
 THREAD_SQL = Statement(f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = :id")
 THREADS_AT_SQL = Statement(
@@ -229,6 +237,15 @@ SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))},
 FROM events e JOIN threads t ON t.id = e.thread_id
 WHERE e.actor = :actor AND e.{DECIDED.text} AND (:team::text IS NULL OR t.team = :team)
 ORDER BY e.created_at DESC, e.thread_id DESC, e.seq DESC LIMIT :limit
+""")
+# The grant events of ``:channel``'s threads (of ``:team``, NULL: any) since ``:since``,
+# in log order, through the partial index ``ix_events_grants`` (its predicate repeated).
+GRANT_EVENTS_SQL = Statement(f"""
+SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))}
+FROM events e JOIN threads t ON t.id = e.thread_id
+WHERE e.{GRANTING.text} AND e.created_at >= :since AND t.channel = :channel
+  AND (:team::text IS NULL OR t.team = :team)
+ORDER BY e.thread_id, e.seq
 """)
 WAKE_SQL = Statement(
     "UPDATE threads SET wake_at = :wake_at WHERE id = :thread_id AND last_seq = :expected_seq"
@@ -600,6 +617,16 @@ class PostgresStore(Store):
         found = await self._fetchval(FIND_THREAD_SQL, **where)
         return None if found is None else str(found)
 
+    async def find_alert_thread(self, alert_key: str) -> str | None:
+        found = await self._fetchval(FIND_ALERT_SQL, alert_key=alert_key)
+        return None if found is None else str(found)
+
+    async def set_root(self, thread_id: str, pending: str, root_ts: str) -> bool:
+        moved = await self._execute(
+            SET_ROOT_SQL, thread_id=thread_id, pending=pending, root_ts=root_ts
+        )
+        return moved == 1
+
     async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
         if at is not None:
             return await self._fetch(THREADS_AT_SQL, channel=at[0], root_ts=at[1])
@@ -637,6 +664,9 @@ class PostgresStore(Store):
     async def _decisions(self, actor: str, team: str | None, limit: int) -> list[Row]:
         return await self._fetch(DECISIONS_SQL, actor=actor, team=team, limit=limit)
 
+    async def _grant_rows(self, channel: str, team: str | None, since: datetime) -> list[Row]:
+        return await self._fetch(GRANT_EVENTS_SQL, channel=channel, team=team, since=since)
+
     async def _append(
         self,
         thread_id: str,
@@ -656,6 +686,7 @@ class PostgresStore(Store):
             status=state.status,
             wake_at=state.wake_at,
             requester=state.requester,
+            alert_key=state.alert,
             now=now,
             snapshot=snapshot,
         )

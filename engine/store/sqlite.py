@@ -50,7 +50,7 @@ from engine.store.base import (
     WorkerInfo,
 )
 from engine.store.locks import WorkerLocks, worker_of
-from engine.tables import DECIDED, EVENTS, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, GRANTING, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -58,7 +58,8 @@ T = TypeVar("T")
 # --- SQL: every statement this backend runs ------------------------------------------
 
 MOVE_SQL = """
-UPDATE threads SET last_seq = ?, status = ?, wake_at = ?, requester = ?, updated_at = ?
+UPDATE threads
+SET last_seq = ?, status = ?, wake_at = ?, requester = ?, alert_key = ?, updated_at = ?
 WHERE id = ? AND last_seq = ?
 """
 INSERT_SQL = """
@@ -75,15 +76,21 @@ INSERT INTO threads (id, team, channel, root_ts, status, last_seq, created_at, u
 VALUES (?, ?, ?, ?, 'new', 0, ?, ?)
 ON CONFLICT (team, channel, root_ts) DO NOTHING
 """
-# A new thread with its first events: the row goes in as they leave it, or not at all.
+# A new thread with its first events: the row goes in as they leave it, or not at all
+# (a thread at its key, or one open for its alert, is there already: any conflict).
 CREATE_MOVED_SQL = """
 INSERT INTO threads
-    (id, team, channel, root_ts, status, last_seq, wake_at, requester, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (team, channel, root_ts) DO NOTHING
+    (id, team, channel, root_ts, status, last_seq, wake_at, requester, alert_key, created_at,
+    updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING
 RETURNING id
 """
 FIND_THREAD_SQL = "SELECT id FROM threads WHERE team = ? AND channel = ? AND root_ts = ?"
+# Through the partial unique index ``uq_threads_alert``.
+FIND_ALERT_SQL = "SELECT id FROM threads WHERE alert_key = ?"
+# A thread whose root was a placeholder moves to the message the bot posted for it.
+SET_ROOT_SQL = "UPDATE threads SET root_ts = ?3 WHERE id = ?1 AND root_ts = ?2"
 THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE id = ?"
 THREADS_AT_SQL = f"SELECT {THREAD_COLUMNS} FROM threads WHERE channel = ? AND root_ts = ?"
 # ?1 a JSON list of statuses (NULL: any), ?2 channel, ?3 requester, ?4 limit.
@@ -113,6 +120,15 @@ SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))},
 FROM events e JOIN threads t ON t.id = e.thread_id
 WHERE e.actor = ?1 AND e.{DECIDED.text} AND (?2 IS NULL OR t.team = ?2)
 ORDER BY e.created_at DESC, e.thread_id DESC, e.seq DESC LIMIT ?3
+"""
+# The grant events of channel ?1's threads (of team ?2, NULL: any) since ?3, in log
+# order, through the partial index ``ix_events_grants`` (its predicate repeated).
+GRANT_EVENTS_SQL = f"""
+SELECT {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))}
+FROM events e JOIN threads t ON t.id = e.thread_id
+WHERE e.{GRANTING.text} AND e.created_at >= ?3 AND t.channel = ?1
+  AND (?2 IS NULL OR t.team = ?2)
+ORDER BY e.thread_id, e.seq
 """
 # Arguments in one order for all four: (id, owner or expected_seq, until, now).
 WAKE_SQL = "UPDATE threads SET wake_at = ?3 WHERE id = ?1 AND last_seq = ?2"
@@ -369,8 +385,11 @@ def _apply(conn: sqlite3.Connection, item: _Append) -> Outcome:
         # hand-over of the interpreter, and a busy process makes every hand-over wait.
         # A new thread has no input to find again; its row holds its state from the start.
         team, channel, root_ts, when = item.create
-        last_seq, status, wake_at, requester = item.moved[:4]
-        created = (item.thread_id, team, channel, root_ts, status, last_seq, wake_at, requester)
+        last_seq, status, wake_at, requester, alert = item.moved[:5]
+        created = (
+            *(item.thread_id, team, channel, root_ts),
+            *(status, last_seq, wake_at, requester, alert),
+        )
         if conn.execute(CREATE_MOVED_SQL, (*created, when, when)).fetchone() is None:
             return "moved"  # the thread is there already: the core reads it
     else:
@@ -482,7 +501,13 @@ class SqliteStore(Store):
         def create(conn: sqlite3.Connection) -> None:
             found = conn.execute(HAS_SCHEMA_SQL).fetchone()
             for statement in statements:
-                conn.execute(statement)
+                try:
+                    conn.execute(statement)
+                except sqlite3.OperationalError as exc:
+                    # An older schema lacks a column an index of this release is on
+                    # (``threads.alert_key``): `opsloop migrate` adds both.
+                    if found is None or "no such column" not in str(exc):
+                        raise
             if found is None:
                 conn.execute(version_table)
                 conn.execute(STAMP_SQL, (HEAD,))
@@ -519,6 +544,13 @@ class SqliteStore(Store):
         rows = await self._fetch(FIND_THREAD_SQL, key.team, key.channel, key.root_ts)
         return str(cast(Any, rows[0])[0]) if rows else None  # a sqlite3.Row: by position
 
+    async def find_alert_thread(self, alert_key: str) -> str | None:
+        rows = await self._fetch(FIND_ALERT_SQL, alert_key)
+        return str(cast(Any, rows[0])[0]) if rows else None
+
+    async def set_root(self, thread_id: str, pending: str, root_ts: str) -> bool:
+        return await self._execute(SET_ROOT_SQL, thread_id, pending, root_ts) == 1
+
     async def _threads(self, *, thread_id: str | None, at: tuple[str, str] | None) -> list[Row]:
         if at is not None:
             return await self._fetch(THREADS_AT_SQL, *at)
@@ -554,6 +586,9 @@ class SqliteStore(Store):
     async def _decisions(self, actor: str, team: str | None, limit: int) -> list[Row]:
         return await self._fetch(DECISIONS_SQL, actor, team, limit)
 
+    async def _grant_rows(self, channel: str, team: str | None, since: datetime) -> list[Row]:
+        return await self._fetch(GRANT_EVENTS_SQL, channel, team, sql_time(since))
+
     async def _append(
         self,
         thread_id: str,
@@ -574,6 +609,7 @@ class SqliteStore(Store):
                 state.status,
                 sql_time(state.wake_at),
                 state.requester,
+                state.alert,
                 when,
                 thread_id,
                 expected_seq,

@@ -845,7 +845,8 @@ async def open_edit(s: Served, value: str, user: str = BOB) -> dict[str, Any]:
 
 def filled(view: dict[str, Any], changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """``view.state.values`` as Slack sends them for ``view`` left as it opened, but for
-    ``changes`` (block id: a text, an option's value, or True to tick the checkbox)."""
+    ``changes`` (block id: a text, an option's value, True to tick every checkbox, or
+    the list of the values to tick)."""
     changes = changes or {}
     values: dict[str, Any] = {}
     for block in view["blocks"]:
@@ -862,7 +863,17 @@ def filled(view: dict[str, Any], changes: dict[str, Any] | None = None) -> dict[
                 chosen = next(o for o in element["options"] if o["value"] == given)
             state = {"type": "static_select", "selected_option": chosen}
         else:
-            state = {"type": "checkboxes", "selected_options": element["options"] if given else []}
+            ticked = element.get("initial_options") or []
+            if bid in changes:
+                wanted = (
+                    given
+                    if isinstance(given, list)
+                    else [o["value"] for o in element["options"]]
+                    if given
+                    else []
+                )
+                ticked = [o for o in element["options"] if o["value"] in wanted]
+            state = {"type": "checkboxes", "selected_options": ticked}
         values[bid] = {element["action_id"]: state}
     return values
 
@@ -1073,7 +1084,7 @@ async def test_slash_command_help_pending_and_status(store: Store, slack: FakeSl
         assert link in pending and "*deploy*" in pending and f"<@{ANN}>" in pending
         # Where, what exactly and since when: not a bare thread ts.
         assert f"<#{CHANNEL}>" in pending and "service=api" in pending and "env=staging" in pending
-        assert "<!date^" in pending and "{ago}" in pending
+        assert "<!date^" in pending and "{date_short_pretty} at {time}" in pending
         assert "Nothing is waiting for you" in await command(s, "pending", ANN)  # requester
         assert "Nothing is waiting for you" in await command(s, "pending", EVE)  # not approver
         status = await command(s, "status", EVE)

@@ -52,8 +52,8 @@ TABLE = [
         http("ping: {description: d, url: 'http://[::1]:8080/ping'}", "['0:0:0:0:0:0:0:1']"),
         VALID,
     ),
-    ("mcp-name-41", f"tools:\n  mcp:\n    {'m' * 41}: {MCP}\n", VALID),
-    ("mcp-name-57", f"tools:\n  mcp:\n    {'m' * 57}: {MCP}\n", "a server name is 1-56"),
+    ("mcp-name-40", f"tools:\n  mcp:\n    {'m' * 40}: {MCP}\n", VALID),
+    ("mcp-name-41", f"tools:\n  mcp:\n    {'m' * 41}: {MCP}\n", "a server name is 1-40"),
     (
         "credentials-in-url",
         http("a: {description: d, url: 'https://u:p@platform.internal/x'}"),
@@ -82,8 +82,8 @@ TABLE = [
         "tools:\n  modules: [no_such_tools_module]\n",
         "cannot import tool module 'no_such_tools_module'",
     ),
-    # --- keys this release does not act on ---------------------------------------------
-    ("integrations", "integrations: {github: {}}\n", "integrations: is not supported"),
+    # --- integrations ------------------------------------------------------------------
+    ("integrations", "integrations: {github: {repos: [a/b]}}\n", "github.token: is required"),
     # --- and the rest ------------------------------------------------------------------
     ("empty", "", VALID),
     (
@@ -97,16 +97,16 @@ TABLE = [
     ("rule", rule("quorum: 1, expires_in: 2h, channels: [C0OPS]"), VALID),
     ("reminder", rule("remind_after: 30m, escalate_to: [U0A1, S0SRE, oncall:P1, C0OPS]"), VALID),
     ("grant", rule("max_grant: 30m"), VALID),
-    ("grant-not-a-duration", rule("max_grant: soon"), "policy[0].max_grant:"),
+    ("grant-not-a-duration", rule("max_grant: soon"), "policy[0].max_grant (rule 1):"),
     (
         "reminder-after-expiry",
         rule("expires_in: 1h, remind_after: 1h"),
-        "policy[0].remind_after: must be shorter than expires_in",
+        "policy[0].remind_after (rule 1): must be shorter than expires_in",
     ),
     (
         "escalate-to-a-name",
         rule("escalate_to: [bob]"),
-        "policy[0].escalate_to[0]: 'bob' is not someone to escalate to",
+        "policy[0].escalate_to[0] (rule 1): 'bob' is not someone to escalate to",
     ),
     (
         "unlisted-host",

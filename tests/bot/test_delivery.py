@@ -137,7 +137,7 @@ async def test_thread_to_final_answer_posts_each_line_once_with_metadata_and_rec
     assert all(m["thread_ts"] == root for m in [status, *posts])
     assert all(m["metadata"]["event_type"] == "opsloop_event" for m in [status, *posts])
     assert "db found" in posts[-1]["text"]
-    assert "lookup" in all_text(posts[0])
+    assert "Lookup" in all_text(posts[0])
     got = await line_receipts(store, tid, status)
     assert [(r.shows_event_id, r.ts, r.channel) for r in got] == [
         (shown(m, tid), m["ts"], CHANNEL) for m in posts
@@ -310,7 +310,7 @@ async def test_the_requesters_reply_withdraws_the_card_in_place(store, slack, de
     params = await the_update(slack, card)
     assert params["metadata"] == card["metadata"]
     blocks = json.dumps(params["blocks"])
-    assert "Withdrawn: deploy" in blocks and f"<@{REQUESTER}> wrote since" in blocks
+    assert "Withdrawn: Deploy" in blocks and f"<@{REQUESTER}> wrote since" in blocks
     assert not [b for b in params["blocks"] if b["type"] == "actions"]  # no buttons
     late = await decide_approval(
         store, tid, tool_call_id=cid, decider=Decider(REVIEWER), decision="approve",
@@ -881,6 +881,7 @@ def test_every_type_people_see_on_a_card_posts_closes_or_settles_one() -> None:
     # Only a cancellation closes cards without being shown on one (it has its own line).
     closing = set(outbox.OUTCOMES)
     assert {ev.type_name(c) for c in closing - set(on_cards)} == {"thread_cancelled"}
-    # The other entries: the call a card is for, and a message shown on the open card.
+    # The other entries: the call a card is for, a message shown on the open card, and
+    # the alert that opened a thread (its root post, not a line).
     others = {ev.type_name(c) for c in handled - set(on_cards) - closing}
-    assert others == {"tool_call_requested", "user_message"}
+    assert others == {"tool_call_requested", "user_message", "alert_received"}

@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,12 +45,16 @@ def environment(db: str, slack: FakeSlack, model: FakeAnthropic, **more: str) ->
     }
 
 
-async def doctor(env: dict[str, str], manifest: str | None = None) -> tuple[int, list[str]]:
+async def doctor(
+    env: dict[str, str], manifest: str | None = None, *, strict: bool = False
+) -> tuple[int, list[str]]:
     """The doctor in this process, as the CLI runs it: its exit status and lines."""
     settings, config = load_configuration(env)
     lines: list[str] = []
     secrets = [TOKEN, SECRET, FAKE_API_KEY]
-    code = await run_doctor(settings, config, manifest=manifest, secrets=secrets, out=lines.append)
+    code = await run_doctor(
+        settings, config, manifest=manifest, secrets=secrets, out=lines.append, strict=strict
+    )
     for line in lines:
         for secret in (TOKEN, SECRET):
             assert secret not in line
@@ -57,10 +62,10 @@ async def doctor(env: dict[str, str], manifest: str | None = None) -> tuple[int,
 
 
 def by_check(lines: list[str]) -> dict[str, tuple[str, str]]:
-    """``{check: (ok|FAIL, detail)}`` from the doctor's aligned lines."""
+    """``{check: (ok|warn|FAIL, detail)}`` from the doctor's aligned lines."""
     out = {}
     for line in lines:
-        match = re.fullmatch(r"(ok|FAIL)\s+(.+?)\s{2,}(.*)", line)
+        match = re.fullmatch(r"(ok|warn|FAIL)\s+(.+?)\s{2,}(.*)", line)
         assert match, line
         out[match.group(2)] = (match.group(1), match.group(3))
     return out
@@ -252,3 +257,87 @@ async def test_the_command_exits_1_naming_the_failed_check(fakes, tmp_path: Path
     assert checks["database"][0] == "FAIL"
     assert [s for s, _ in checks.values()].count("FAIL") == 1, out.decode()
     assert TOKEN not in out.decode() and SECRET not in out.decode()
+
+
+async def test_a_rule_that_matches_no_tool_is_a_warning_and_a_failure_with_strict(
+    sqlite_url: str, fakes, tmp_path: Path
+) -> None:
+    """Issue 15: a misspelt reject guards nothing. The tools are the process's modules,
+    its HTTP actions and what its MCP servers list."""
+    slack, model = fakes
+    await migrate(sqlite_url)
+    config = tmp_path / "opsloop.yaml"
+    config.write_text(
+        "tools:\n  mcp:\n"
+        f"    demo:\n      command: {sys.executable}\n      args: [{SERVER}, stdio]\n"
+        "policy:\n"
+        "  - {tool: mcp__demo__echo, policy: run_now}\n"  # a tool the server lists
+        "  - {tool: create_tiket, policy: reject}\n"  # create_ticket, misspelt
+        "  - {tool: 'search_*', policy: run_now}\n"
+        "  - {tool: mcp__demo__delete_all, policy: reject}\n"  # the server has none
+    )
+    env = environment(sqlite_url, slack, model, OPSLOOP_CONFIG=str(config))
+    code, lines = await doctor(env)
+    checks = by_check(lines)
+    assert code == 0, lines
+    assert list(checks)[-1] == "policy rules"
+    assert checks["policy rules"] == (
+        "warn",
+        "policy[1].tool (rule 2): 'create_tiket' matches no tool, so this reject rule "
+        "decides nothing; policy[3].tool (rule 4): 'mcp__demo__delete_all' matches no tool, "
+        "so this reject rule decides nothing",
+    )
+    code, lines = await doctor(env, strict=True)
+    assert code == 1
+    assert by_check(lines)["policy rules"][0] == "FAIL"
+
+    config.write_text("policy:\n  - {tool: create_ticket, policy: reject}\n")
+    code, lines = await doctor(env, strict=True)
+    assert code == 0, lines
+    status, detail = by_check(lines)["policy rules"]
+    assert status == "ok" and detail.startswith("each of the 1 rules matches a tool (")
+
+
+def test_after_a_local_run_slack_and_the_model_key_are_not_needed(tmp_path: Path) -> None:
+    """Issue 15: beside `opsloop local` (its workspace file next to the database) the
+    doctor checks what local mode needs; ``--serve`` checks what serve would need."""
+    db = tmp_path / "opsloop.db"
+    asyncio.run(migrate(f"sqlite:///{db}"))
+    (tmp_path / "opsloop.local.json").write_text("{}")  # what a local run leaves
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLACK_", "DATABASE_URL", "OPSLOOP_", "ANTHROPIC_", "PORT"))
+    }
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "bot.cli", "doctor", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    local = run()
+    assert local.returncode == 0, local.stdout + local.stderr
+    checks = by_check(local.stdout.splitlines())
+    for name in ("slack token", "slack scopes", "signing secret", "model"):
+        status, detail = checks[name]
+        assert status == "ok" and detail.startswith("not needed by opsloop local"), name
+    assert checks["mcp catalog"][0] == "ok"  # local mode's own MCP server, started here
+    assert checks["policy rules"][0] == "ok"  # its rules match its tools
+
+    served = run("--serve")
+    assert served.returncode == 1
+    failed = {
+        n for n, (status, _) in by_check(served.stdout.splitlines()).items() if status == "FAIL"
+    }
+    assert failed == {"slack token", "slack scopes", "signing secret", "model"}
+
+    (tmp_path / "opsloop.local.json").unlink()  # no local run here: serve's checks
+    assert run().returncode == 1
+    assert run("--local").returncode == 0

@@ -16,12 +16,13 @@ import pytest
 from bot.local_mode import Local, start_local
 from bot.render.approval import APPROVE_ACTION
 from bot.render.modals import NOTE_ACTION, NOTE_BLOCK
-from bot.render.reconcile import HAPPENED_ACTION, RETRY_ACTION
+from bot.render.reconcile import ABANDON_ACTION, HAPPENED_ACTION, RETRY_ACTION
 from bot.runtime import bind
 from engine.config import load_settings
 from engine.models.phrasebook import PhrasebookModel, help_text
 from localslack.demo import DEMO_CONFIG, catalog_path, demo_config
 from tests.bot.test_local import ALICE, BOB, CAROL, Page, card_of, events_of, stop, stream, texts
+from tests.tools.test_demo import demo_loaded
 
 Start = Callable[[], Awaitable[Page]]
 
@@ -56,9 +57,12 @@ async def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
         running.append((local, http))
         return Page(local, http)
 
-    yield start_one
-    for local, http in running:
-        await stop(local, http)
+    # tools.demo's tools leave the global REGISTRY afterwards: a later test's CLI process
+    # (opsloop replay) would not offer them, and its prompt hashes would differ.
+    with demo_loaded():
+        yield start_one
+        for local, http in running:
+            await stop(local, http)
 
 
 def saying(text: str) -> Callable[[dict[str, Any]], bool]:
@@ -179,8 +183,33 @@ async def test_run_it_again_runs_the_call_once_more_and_it_answers(start: Start)
     reconcile = card_of(thread, RETRY_ACTION)
     assert reconcile is not None
     await page.click(BOB, reconcile, RETRY_ACTION)
-    await page.wait_thread(root, saying("Scaled web to 4 replicas (it had 4)"))
+    # Not "Scaled web to 4 replicas (it had 4)": the first attempt had made the change
+    # before the crash, and the answer says so (issue 15 §12).
+    await page.wait_thread(root, saying("web has 4 replicas: the interrupted call had taken"))
     events = await events_of(page, root)
     decided = next(e for e in events if e.type == "reconcile_decided")
     assert decided.decision == "retry"
     assert [e.type for e in events].count("tool_started") == 2
+
+
+async def test_it_did_not_happen_is_answered_as_a_persons_word_not_as_the_catalogs(
+    start: Start, tmp_path: Path
+) -> None:
+    """Issue 15 §10: after "It did not happen" the thread said "Not scaled" while the
+    catalog showed the new count. The card hints how to check first, and the answer
+    says whose word it was and where to look."""
+    page = await start()
+    root = (await page.say(ALICE, "@opsloop scale web to 3 replicas and simulate a crash"))["ts"]
+    card = card_of(await page.wait_thread(root, card_of))
+    assert card is not None
+    await page.click(BOB, card, APPROVE_ACTION)
+    thread = await page.wait_thread(root, lambda t: card_of(t, ABANDON_ACTION))
+    reconcile = card_of(thread, ABANDON_ACTION)
+    assert reconcile is not None
+    assert "“show service web”" in json.dumps(reconcile["blocks"], ensure_ascii=False)
+    await page.click(BOB, reconcile, ABANDON_ACTION)
+    done = await page.wait_thread(root, saying("I did not run it again"))
+    assert "Not scaled" not in texts(done)
+    assert "`show service web` shows what the catalog has now" in texts(done)
+    saved = json.loads(catalog_path(tmp_path / "workspace.json").read_text())
+    assert saved["services"]["web"]["replicas"] == 3  # the crash came after the change

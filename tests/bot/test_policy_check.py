@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from engine.config_file import parse_config
 from engine.inputs import post_user_message
@@ -16,10 +17,11 @@ from engine.rules import Defaults, PolicySet
 from engine.runner import Runner
 from engine.store import ThreadKey, open_store
 from tests.bot.test_cli import assert_one_line_error, run_cli
-from tools import REGISTRY, load_tools
+from tools import REGISTRY, ToolContext, ToolRegistry, load_tools, tool
 
 TICKET = ThreadKey("T1", "C0OPS", "1700000000.000100")
 DOCS = ThreadKey("T1", "C0DEV", "1700000001.000100")
+PAGE = ThreadKey("T1", "C0OPS", "1700000002.000100")
 
 RECORDED = """
 approvals:
@@ -136,3 +138,68 @@ def test_bad_arguments_and_files_are_one_line_exit_2(recorded, tmp_path: Path) -
     )
     missing = run_cli("policy", "check", "--config", "nope.yaml", db=db, cwd=tmp_path)
     assert_one_line_error(missing, "nope.yaml: no such file")
+
+
+def test_a_call_decided_by_another_rule_to_the_same_effect_is_not_counted_as_different(
+    recorded, tmp_path: Path
+) -> None:
+    """Issue 15: the summary counted the lines that say "same"."""
+    db, ids = recorded
+    moved = RECORDED.replace("policy:\n", "policy:\n  - tool: page_someone\n    policy: reject\n")
+    proc = check(tmp_path, db, moved)
+    assert proc.returncode == 0, proc.stderr
+    line, summary = proc.stdout.splitlines()
+    assert line.startswith(f"{ids['ticket']} seq=") and line.endswith(": same")
+    assert "(rule 1) -> approve_before_run (rule 2)" in line
+    assert summary == (
+        "2 recorded calls checked: 0 would be decided differently, 0 looser or mixed; "
+        "1 by another rule to the same effect"
+    )
+
+
+class PageArgs(BaseModel):
+    who: str
+
+
+async def seed_unknown_tool(url: str) -> str:
+    """A call of a tool the CLI does not load, decided by a rule when it was made."""
+    elsewhere = ToolRegistry()
+
+    @tool(policy="run_now", registry=elsewhere)
+    async def page_oncall(args: PageArgs, ctx: ToolContext) -> dict:
+        """Page whoever is on call."""
+        return {}
+
+    config = parse_config("policy:\n  - {tool: page_oncall, policy: approve_before_run}\n", {})
+    policy = PolicySet(tuple(config.policy), Defaults(), config.policy_hash)
+    store = await open_store(url)
+    try:
+        posted = await post_user_message(store, PAGE, text="page bob", user="U0ALICE")
+        model = ScriptedModel([call("page_oncall", who="bob")])
+        await Runner(store, model, elsewhere, policy=policy).run(posted.thread_id)
+        return posted.thread_id
+    finally:
+        await store.close()
+
+
+def test_a_tool_not_loaded_here_is_named_not_given_a_policy(tmp_path: Path) -> None:
+    """Issue 15: with no rule for it now, a tool's own policy would decide, and a tool
+    this process does not load has none it knows: not judged (exit 3), never looser."""
+    db = f"sqlite:///{tmp_path / 'calls.db'}"
+    thread_id = asyncio.run(seed_unknown_tool(db))
+    proc = check(tmp_path, db, "policy: []\n")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    line, summary = proc.stdout.splitlines()
+    assert line == (
+        f"{thread_id} seq=3 page_oncall: approve_before_run (rule 1) -> no rule: page_oncall "
+        "is not a tool loaded here, so the policy it would get of its own is unknown: "
+        "not judged"
+    )
+    assert summary == (
+        "1 recorded calls checked: 0 would be decided differently, 0 looser or mixed; "
+        "1 not judged (not loaded here: page_oncall)"
+    )
+    # A rule that matches decides without the tool: judged as any call.
+    proc = check(tmp_path, db, "policy:\n  - {tool: 'page_*', policy: run_now}\n")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0].endswith("-> run_now (rule 1): looser")

@@ -178,7 +178,7 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
     [card] = [m for m in slack.posted(CHANNEL) if RETRY_ACTION in json.dumps(m)]
     assert shown_event(card, tid) == unknown.event_id
     text = text_of(post.params)
-    assert "Did it happen? restart" in text
+    assert "Did it happen? Restart" in text
     assert "connection reset" in text and '\\"service\\": \\"api\\"' in text
     assert "rule 2: needs 1 of" in text and f"<@{BOB}>" in text
     blocks = post.params["blocks"]
@@ -285,6 +285,28 @@ async def test_someone_not_on_the_calls_approvers_is_refused_privately(
     assert ephemerals(slack, EVE) == ["Nothing changed: you are not on the approvers list."] * 2
     assert "self-approval is turned off" in ephemerals(slack, ANN)[0]
     assert slack.calls_to("views.open") == []
+    assert s.kicks == []
+
+
+async def test_the_requester_gets_no_note_modal_only_why_not(
+    store: Store, slack: FakeSlack, delivery: Delivery
+) -> None:
+    """Issue 15 §5: the requester filled the note modal and was refused on submitting.
+    It happened takes the step the reject and edit modals take first: refused at the
+    click, told privately, recorded, and no modal opens."""
+    tid = await awaiting_reconcile(store, slack, approvers=(ANN, BOB))
+    await delivery.deliver(tid)
+    post = card_post(slack, HAPPENED_ACTION)
+    async with served(store, slack) as s:
+        assert (await s.send(click(slack, post, HAPPENED_ACTION, ANN, 1)))[0] == 200
+        [told] = await slack.wait_for("chat.postEphemeral")
+        await s.settle()
+    assert told.params["user"] == ANN and "self-approval is turned off" in told.params["text"]
+    assert slack.calls_to("views.open") == []
+    refused = await last_event(store, tid)
+    assert isinstance(refused, ev.ApprovalRefused)
+    assert (refused.actor, refused.decision) == (ANN, "happened")
+    assert (await store.load(tid)).status == "awaiting_reconcile"
     assert s.kicks == []
 
 

@@ -232,7 +232,7 @@ async def test_an_expiry_is_posted_in_the_rules_channel(store, slack):
         assert check_limits(post["blocks"]) == []
         assert await escalations(t) == []  # not in the thread too
         closed = t.card_updates(card)[-1]
-        assert "Approval expired: deploy" in json.dumps(closed["blocks"])
+        assert "Approval expired: Deploy" in json.dumps(closed["blocks"])
         assert APPROVE_ACTION not in json.dumps(closed["blocks"])
         receipts = [e for e in await store.select_events(t.tid) if isinstance(e, ev.MessagePosted)]
         assert (ESCALATION, post["ts"]) in {(r.channel, r.ts) for r in receipts}

@@ -88,21 +88,33 @@ async def seed_with(db: str, tools: ToolRegistry, text: str = "deploy api please
         await store.close()
 
 
-async def test_a_local_mode_thread_replays_with_the_tools_local_mode_loads(sqlite_url, tmp_path):
+async def test_a_local_mode_thread_replays_beside_local_mode_and_says_what_is_missing_elsewhere(
+    sqlite_url, tmp_path
+):
     local = ToolRegistry()
     load_tools("tools.builtin,tools.demo", local)  # what `opsloop local` loads
     assert {"deploy", "run_job"} <= set(local.names())
     thread_id = await seed_with(sqlite_url, local)
+    # Not beside local mode (no workspace file): this process lacks the demo tools, so
+    # the decisions cannot be recomputed. That is its own verdict and exit status.
+    elsewhere = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)
+    assert elsewhere.returncode == 3, elsewhere.stdout + elsewhere.stderr
+    lines = elsewhere.stdout.splitlines()
+    assert len(lines) == 2 and not any("MISMATCH" in line for line in lines)
+    assert all(": tools not loaded here: check_health, deploy, run_job (" in x for x in lines)
+    # Beside it (its workspace file next to the database): what local mode loads.
+    (tmp_path / "opsloop.local.json").write_text("{}")
     every = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)  # no OPSLOOP_TOOLS
     assert every.returncode == 0, every.stdout + every.stderr
     assert [line.split(":")[1].strip()[:2] for line in every.stdout.splitlines()] == ["ok"] * 2
+    assert "beside opsloop local" in every.stderr
 
 
 class Page(BaseModel):
     who: str
 
 
-async def test_a_mismatch_names_the_tools_that_differ(sqlite_url, tmp_path):
+async def test_a_decision_whose_tools_are_not_loaded_here_is_not_a_mismatch(sqlite_url, tmp_path):
     elsewhere = ToolRegistry()
     load_tools(None, elsewhere)
 
@@ -113,10 +125,13 @@ async def test_a_mismatch_names_the_tools_that_differ(sqlite_url, tmp_path):
 
     thread_id = await seed_with(sqlite_url, elsewhere)
     every = run_cli("replay", thread_id, "--all", db=sqlite_url, cwd=tmp_path)
-    assert every.returncode == 1
+    assert every.returncode == 3  # not 1: nothing was found to differ
     lines = every.stdout.splitlines()
     assert len(lines) == 2
     for line in lines:
-        assert "MISMATCH" in line
-        assert "the tools differ: this process has " in line
-        assert "missing here: page_oncall" in line
+        assert "MISMATCH" not in line
+        # (and whatever else earlier tests of this process registered)
+        assert ": tools not loaded here: " in line and "page_oncall" in line.split(" (")[0]
+    one = run_cli("replay", thread_id, db=sqlite_url, cwd=tmp_path)
+    assert one.returncode == 3
+    assert one.stdout.splitlines()[-1].startswith("seq 6: tools not loaded here: ")

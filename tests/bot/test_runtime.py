@@ -29,7 +29,7 @@ from tests.fakes.slack import (
     signed,
     url_verification,
 )
-from tools import ToolContext, ToolLoadError
+from tools import ToolContext
 from tools.builtin import tickets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,14 +268,22 @@ async def test_the_file_s_sources_and_policy_are_opened_and_closed_on_the_worker
     assert tickets._ENGINES._engines == {}
 
 
-async def test_a_source_that_cannot_start_stops_startup_with_one_line(
-    db_url, fakes, tmp_path
+async def test_an_mcp_server_that_cannot_start_is_served_without(
+    db_url, fakes, tmp_path, caplog
 ) -> None:
+    """Issue 16 §9: it stopped startup; now one warning line, and it is kept trying
+    (tests/bot/test_serve_mcp.py runs the real process)."""
     config = parse_config(mcp_config(tmp_path, command=str(tmp_path / "no-such-server")), {})
     settings = settings_for(db_url, fakes, tmp_path)
-    with pytest.raises(ToolLoadError) as caught:
-        await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET, config=config)
-    assert "demo" in str(caught.value) and "\n" not in str(caught.value)
+    rt = await start_runtime(settings, token=TOKEN, signing_secret=SIGNING_SECRET, config=config)
+    try:
+        assert "create_ticket" in rt.tools and "mcp__demo__echo" not in rt.tools
+        [down] = [s for s in rt.mcp_servers if not s.up]
+        assert down.server_name == "demo" and "no-such-server" in down.down_reason
+    finally:
+        await rt.close(5)
+    [line] = [r.getMessage() for r in caplog.records if r.name.startswith("tools.mcp")]
+    assert line.startswith("mcp server down server=demo reason=") and "\n" not in line
 
 
 async def test_tools_get_their_settings_without_the_environment(

@@ -216,7 +216,8 @@ def test_config_check(tmp_path: Path) -> None:
         "policy:\n  - tool: deploy\n    policy: run_now\n    quorum: 0\n"
     )
     line = assert_one_line_error(run_cli("config", "check", db=None, cwd=tmp_path))
-    assert line == "opsloop: opsloop.yaml: policy[0].quorum: must be at least 1"
+    assert line.startswith("opsloop: opsloop.yaml: policy[0].quorum")
+    assert line.endswith(": must be at least 1")
     (tmp_path / "opsloop.yaml").unlink()
     none = run_cli("config", "check", db=None, cwd=tmp_path)
     assert (none.returncode, none.stdout.startswith("no configuration file")) == (0, True)
@@ -243,3 +244,112 @@ def test_config_check_refuses_an_alias_bomb_or_deep_nesting_in_one_line(
     (tmp_path / "opsloop.yaml").write_text(text)
     line = assert_one_line_error(run_cli("config", "check", db=None, cwd=tmp_path))
     assert expected in line
+
+
+# --- rules that match no tool (issue 15) -------------------------------------------------
+
+MISSPELT = f"""
+tools:
+  mcp:
+    kube:
+      command: {sys.executable}
+      args: [{SERVER}, stdio]
+      tools: [echo]
+    other:
+      command: {sys.executable}
+      args: [{SERVER}, stdio]
+policy:
+  - tool: create_tiket
+    policy: reject
+  - tool: mcp__kube__echo
+    policy: run_now
+  - tool: mcp__kube__resources_delete
+    policy: reject
+  - tool: mcp__other__anything
+    policy: reject
+  - tool: "search_*"
+    policy: run_now
+"""
+
+
+def test_a_rule_that_matches_no_tool_is_a_warning_and_an_error_with_strict(
+    tmp_path: Path,
+) -> None:
+    """config check knows the modules' tools, the HTTP actions and the allowlists of MCP
+    servers; a rule that may match a server without one is not judged without connecting
+    (opsloop tools and doctor connect)."""
+    (tmp_path / "opsloop.yaml").write_text(MISSPELT)
+    warned = run_cli("config", "check", db=None, cwd=tmp_path)
+    assert warned.returncode == 0, warned.stderr
+    assert warned.stdout.startswith("opsloop.yaml: valid (")
+    assert warned.stderr.splitlines() == [
+        "opsloop: warning: opsloop.yaml: policy[0].tool (rule 1): 'create_tiket' matches no "
+        "tool, so this reject rule decides nothing",
+        "opsloop: warning: opsloop.yaml: policy[2].tool (rule 3): 'mcp__kube__resources_delete' "
+        "matches no tool, so this reject rule decides nothing",
+    ]
+    strict = run_cli("config", "check", "--strict", db=None, cwd=tmp_path)
+    assert (strict.returncode, strict.stdout) == (2, "")
+    assert [line.removeprefix("opsloop: ") for line in strict.stderr.splitlines()] == [
+        line.removeprefix("opsloop: warning: ") for line in warned.stderr.splitlines()
+    ]
+    # opsloop tools lists every server's tools, so it judges the rule for `other` too.
+    listed = run_cli("tools", db=None, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split(": ", 2)[2].split(" (")[0] for line in listed.stderr.splitlines()] == [
+        "policy[0].tool",
+        "policy[2].tool",
+        "policy[3].tool",
+    ]
+
+
+def test_config_check_no_env_checks_the_shape_and_names_the_variables(tmp_path: Path) -> None:
+    """Issue 15: CI can check a file without its secrets; a problem elsewhere is still
+    the one line of startup."""
+    text = """
+tools:
+  http_allow_hosts: ["${PLATFORM_HOST}"]
+  mcp:
+    grafana:
+      url: https://mcp-grafana.internal/mcp
+      headers: {Authorization: "Bearer ${GRAFANA_TOKEN}"}
+  http:
+    restart_service:
+      description: Restart one service.
+      url: "https://${PLATFORM_HOST}/api/services/{service}/restart"
+      headers: {Authorization: "Bearer ${PLATFORM_TOKEN}"}
+      arguments: {type: object, properties: {service: {type: string}}, required: [service]}
+policy:
+  - tool: restart_service
+    policy: approve_before_run
+"""
+    (tmp_path / "opsloop.yaml").write_text(text)
+    assert_one_line_error(run_cli("config", "check", db=None, cwd=tmp_path), "is not set")
+    shape = run_cli("config", "check", "--no-env", db=None, cwd=tmp_path)
+    assert shape.returncode == 0, shape.stderr
+    assert shape.stdout.splitlines() == [
+        "opsloop.yaml: valid in shape (0 modules, 1 MCP servers, 1 HTTP actions, 1 rules); "
+        "it needs PLATFORM_HOST, GRAFANA_TOKEN, PLATFORM_TOKEN set"
+    ]
+    # A URL that is all variable can be judged only with its value: said so, not refused.
+    (tmp_path / "opsloop.yaml").write_text(
+        text.replace("url: https://mcp-grafana.internal/mcp", 'url: "${GRAFANA_URL}"')
+    )
+    partly = run_cli("config", "check", "--no-env", db=None, cwd=tmp_path)
+    assert partly.returncode == 0, partly.stderr
+    assert partly.stdout.startswith(
+        "opsloop.yaml: valid in shape, but only the variables' values can tell for "
+        "tools.mcp.grafana"
+    )
+    assert "GRAFANA_URL" in partly.stdout
+    # A mistake where no variable is: the line serve would say.
+    (tmp_path / "opsloop.yaml").write_text(text + "    quorum: 0\n")
+    line = assert_one_line_error(run_cli("config", "check", "--no-env", db=None, cwd=tmp_path))
+    assert line.startswith("opsloop: opsloop.yaml: policy[0].quorum")
+    assert line.endswith(": must be at least 1")
+    # And a module that cannot be imported, as in serve.
+    (tmp_path / "opsloop.yaml").write_text(
+        text.replace("tools:\n", "tools:\n  modules: [tools.dmeo]\n", 1)
+    )
+    line = assert_one_line_error(run_cli("config", "check", "--no-env", db=None, cwd=tmp_path))
+    assert "cannot import tool module 'tools.dmeo'" in line

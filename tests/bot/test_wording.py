@@ -135,7 +135,7 @@ def status_of(events: list[ev.Event]) -> str:
 def test_a_rejected_deploy_does_not_end_with_a_green_check() -> None:
     text = status_of(rejected_then_answered("Not deployed."))
     assert "✅" not in text and "Done" not in text
-    assert text == "🛑 Ended without running *deploy*: a reviewer rejected it"
+    assert text == "🛑 Ended without running *Deploy*: a reviewer rejected it"
 
 
 def test_an_expired_or_failed_call_does_not_look_successful() -> None:
@@ -153,7 +153,7 @@ def test_an_expired_or_failed_call_does_not_look_successful() -> None:
         logs.result("toolu_2", ok=False),
         *logs.answered("It failed."),
     ]
-    assert status_of(failed) == "⚠️ Ended: *deploy* failed"
+    assert status_of(failed) == "⚠️ Ended: *Deploy* failed"
     succeeded = [*failed[:6], logs.result("toolu_2"), *logs.answered("Deployed.")]
     assert status_of(succeeded) == "✅ Done"
 
@@ -182,3 +182,52 @@ def test_the_thread_shows_no_internal_marker_anywhere() -> None:
     ]
     dumped = json.dumps(shown(events))
     assert "[system]" not in dumped and f"<@{ALICE}> cancelled" in dumped
+
+
+# --- one rule numbering (issue 15 §9) --------------------------------------------------
+
+
+def test_every_place_that_numbers_a_rule_counts_from_one() -> None:
+    """The card said "rule 4" where the trace said "rule 3", and ``config check`` said
+    ``policy[1]`` for what a card calls "rule 2". The second entry of ``policy:`` is
+    "rule 2" everywhere; an error about the file shows its index beside it."""
+    from bot.policy_check import _rule
+    from bot.render.approval import rule_text
+    from bot.render.audit import audit_blocks
+    from engine.audit import audit as audit_of
+    from engine.config_file import parse_config
+    from engine.errors import ConfigError
+    from engine.trace import summarize
+
+    refused = card_inputs()["call"].model_copy(
+        update={"rule": 1, "policy": "reject", "reason": "no purges from chat"}
+    )
+    ruled = card_inputs()["call"].model_copy(update={"rule": 1, "approvers": (BOB,)})
+    edited = ev.ApprovalEdited(
+        thread_id=THREAD,
+        tool_call_id="toolu_1",
+        reviewer=BOB,
+        arguments={"service": "web"},
+        arguments_hash="1" * 32,
+        previous_hash="0" * 32,
+        rule=1,
+        approvers=(BOB,),
+    )
+    said = {
+        "card": rule_text(ruled) or "",
+        "line": json.dumps(event_line(refused)),
+        "trace": summarize(refused),
+        "trace of an edit": summarize(edited),
+        "policy check": _rule(1),
+        "audit": json.dumps(
+            audit_blocks(
+                thread_id=THREAD, link=None, calls=audit_of(logs.stamp([logs.user(), refused]))
+            )
+        ),
+    }
+    for where, text in said.items():
+        assert re.search(r"\brule 2\b", text), (where, text)
+        assert not re.search(r"\brule [013]\b", text), (where, text)
+    with pytest.raises(ConfigError) as caught:
+        parse_config("policy:\n  - {tool: a, policy: run_now}\n  - {tool: b, quorum: 0}\n", {})
+    assert str(caught.value).startswith("opsloop.yaml: policy[1].policy (rule 2): ")

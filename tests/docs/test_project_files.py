@@ -14,6 +14,12 @@ NOT_SETTINGS = {
     "OPSLOOP_LOCAL_CATALOG",
     "OPSLOOP_LOCAL_URL",
     "OPSLOOP_LOCAL_HOST",
+    # local mode's own GitHub, PagerDuty and alert credentials (localslack/integrations.py)
+    "OPSLOOP_LOCAL_ALERT_SECRET",
+    "OPSLOOP_LOCAL_GITHUB_TOKEN",
+    "OPSLOOP_LOCAL_GITHUB_WEBHOOK_SECRET",
+    "OPSLOOP_LOCAL_PAGERDUTY_FROM",
+    "OPSLOOP_LOCAL_PAGERDUTY_TOKEN",
 }
 _NAME = re.compile(r'"((?:OPSLOOP|SLACK|ANTHROPIC)_[A-Z_]+|DATABASE_URL|PORT)"')
 

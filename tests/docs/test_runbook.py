@@ -114,6 +114,7 @@ def test_every_metric_the_runbook_names_is_exported() -> None:
     text = _section(RUNBOOK.read_text(encoding="utf-8"), "Reading /metrics")
     named = set(re.findall(r"\bopsloop_[a-z_]+[a-z]", text))
     families = metrics.store_families({}, None, datetime.now(UTC), STATUSES)
+    families += metrics.mcp_families([("kube", True, 3, 0)])  # with an MCP server
     exposition = metrics.scrape(families).decode()
     exported = set()
     for family in re.findall(r"^# TYPE (\S+) ", exposition, flags=re.MULTILINE):

@@ -18,6 +18,7 @@ from engine.context import (
     PROJECTIONS,
     SYSTEM_PROMPT,
     Projector,
+    alert_text,
     project,
 )
 from tests.support.logs import (
@@ -139,6 +140,8 @@ def test_projection_is_a_well_formed_conversation(log: list[ev.Event]) -> None:
     compactions = [e for e in log if isinstance(e, ev.ContextCompacted)]
     if compactions:  # the latest summary stands for everything before its boundary
         first = {"type": "text", "text": compactions[-1].summary}
+    elif isinstance(log[0], ev.AlertReceived):
+        first = {"type": "text", "text": alert_text(log[0])}
     else:
         first = {"type": "text", "text": f"[{log[0].actor}] {log[0].text}"}
     assert messages[0]["content"][0] == first
@@ -188,7 +191,8 @@ def test_a_different_log_gives_a_different_hash(log: list[ev.Event]) -> None:
     base = project(log, SPECS).hash
     if not any(isinstance(e, ev.ContextCompacted) for e in log):
         # (a compaction's stored summary stands for the first message from then on)
-        edited = [log[0].model_copy(update={"text": log[0].text + "!"}), *log[1:]]
+        said = "summary" if isinstance(log[0], ev.AlertReceived) else "text"
+        edited = [log[0].model_copy(update={said: getattr(log[0], said) + "!"}), *log[1:]]
         assert project(edited, SPECS).hash != base
         other_actor = [log[0].model_copy(update={"actor": "U0THIRD"}), *log[1:]]
         assert project(other_actor, SPECS).hash != base
@@ -355,6 +359,28 @@ def test_failed_tool_result_is_an_error_result() -> None:
 
 
 @PROPERTY
+@given(log=legal_logs(max_size=40))
+def test_tools_offered_anew_give_the_prompt_a_projection_with_them_gives(
+    log: list[ev.Event],
+) -> None:
+    """A tool source changed its tools while the thread ran (issue 16 §1): the runner's
+    projector is offered them, and the next prompt is the one made with them from the
+    start, hash included; the one before was that of the old tools."""
+    fewer = SPECS[:1]
+    half = len(log) // 2
+    projector = Projector(fewer).feed(log[:half])
+    assert projector.prompt().hash == project(log[:half], fewer).hash
+    prompt = projector.offer(SPECS).feed(log[half:]).prompt()
+    whole = project(log, SPECS)
+    assert prompt.body() == whole.body()
+    assert (prompt.hash, prompt.tool_names, prompt.tools_hash) == (
+        whole.hash,
+        whole.tool_names,
+        whole.tools_hash,
+    )
+
+
+@PROPERTY
 @given(log=legal_logs(min_size=8, max_size=60))
 def test_a_projection_resumed_at_a_compaction_equals_the_whole_fold(log: list[ev.Event]) -> None:
     compactions = [e for e in log if isinstance(e, ev.ContextCompacted)]
@@ -505,3 +531,23 @@ def test_an_edit_the_policy_refuses_answers_the_call() -> None:
         'approved it; its arguments were then {"env": "prod-eu"}.\n'
         "Not run: the policy refuses the edited call: the policy refuses it"
     )
+
+
+def test_a_message_written_while_a_reconcile_card_waits_is_read_after_its_answer() -> None:
+    """README ("In Slack"): a reconcile card is never withdrawn; a message written while
+    it waits reaches the model right after the person's answer, not lost, not before it."""
+    call = requested("toolu_1", "lookup", q="api").model_copy(update={"idempotent": False})
+    log = [
+        user("restart api"),
+        decided("toolu_1", "lookup", q="api"),
+        call,
+        started("toolu_1"),
+        ev.ToolOutcomeUnknown(tool_call_id="toolu_1", attempt=1, error="connection lost"),
+        user("actually, check web too"),
+        ev.ReconcileDecided(
+            actor=REVIEWER, tool_call_id="toolu_1", decision="happened", reviewer=REVIEWER
+        ),
+    ]
+    answer, said_meanwhile = project(stamp(log), TOOLS.all()).messages[-1]["content"]
+    assert answer["type"] == "tool_result" and "says it happened" in answer["content"]
+    assert said_meanwhile["text"].endswith("actually, check web too")

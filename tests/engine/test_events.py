@@ -18,6 +18,19 @@ SAMPLES: dict[str, ev.Event] = {
     for e in [
         ev.UserMessage(actor="U1", text="deploy api", source={"channel": "C1", "ts": "1.0"}),
         ev.ClarificationAnswered(actor="U1", tool_call_id="toolu_1", text="staging"),
+        ev.AlertReceived(
+            actor="alert:alertmanager",
+            source="alertmanager",
+            fingerprint="5b9b5a2e3c1f0a7d",
+            status="firing",
+            summary="p99 latency above 2s",
+            labels={"alertname": "HighLatency", "service": "api"},
+            annotations={"runbook_url": "https://runbooks.example/latency"},
+            url="https://prometheus.example/graph?g0.expr=x",
+            instruction="Investigate with read-only tools and summarise. Do not act.",
+            channel="C0ALERTS",
+            dedupe_key="alert:alertmanager:abc",
+        ),
         ev.ThreadCancelled(actor="U1", reason="never mind"),
         ev.ModelDecision(
             actor="model",
@@ -238,6 +251,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
     assert ev.INPUT_TYPES == {
         "user_message",
         "clarification_answered",
+        "alert_received",
         "thread_cancelled",
         "approval_granted",
         "approval_rejected",
@@ -255,6 +269,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
     assert kept == {
         "user_message",
         "clarification_answered",
+        "alert_received",  # the team's instruction must outlive a compaction
         "approval_rejected",
         "thread_cancelled",
         "reconcile_decided",  # was omitted: a compaction lost a person's word

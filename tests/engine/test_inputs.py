@@ -504,10 +504,26 @@ async def test_a_rules_group_is_resolved_only_when_needed(store: Store) -> None:
     assert len(asked) == 2
 
 
-async def test_oncall_approvers_match_nobody_yet(store: Store) -> None:
-    tid = await ruled_thread(store, ("oncall:PXYZ",))
-    refused = await vote(store, tid, Decider(BOSS))
-    assert isinstance(refused, Refused) and "on-call schedules" in refused.reason
+async def test_an_oncall_approver_is_whoever_the_front_door_finds_on_call_at_the_click(
+    store: Store,
+) -> None:
+    tid = await ruled_thread(store, ("oncall:PXYZ", SRE))
+    asked: list[frozenset[str]] = []
+
+    def on_call(user: str) -> Decider:
+        """``user`` as the front door sees them: BOB is on call for PXYZ now."""
+
+        async def resolve(entries: frozenset[str]) -> frozenset[str]:
+            asked.append(entries)
+            return entries & {"oncall:PXYZ"} if user == BOB else frozenset()
+
+        return Decider(user, resolve=resolve)
+
+    refused = await vote(store, tid, on_call(BOSS))
+    assert isinstance(refused, Refused)
+    assert refused.reason == "you are not on the approvers list, nor on call for it now"
+    assert asked == [frozenset({"oncall:PXYZ", SRE})]  # asked at the click, with the groups
+    assert isinstance(await vote(store, tid, on_call(BOB)), Accepted)
 
 
 # --- who may cancel: the pending call's own rule (issue 21) ----------------------------

@@ -17,7 +17,14 @@ from engine import events as ev
 from engine.context import project
 from engine.inputs import Decider, decide_approval, post_user_message
 from engine.models.base import Decision
-from engine.models.phrasebook import PHRASEBOOK, PhrasebookModel
+from engine.models.phrasebook import (
+    CI_REPO,
+    CI_WORKFLOW,
+    DISPATCH,
+    ONCALL,
+    PHRASEBOOK,
+    PhrasebookModel,
+)
 from engine.policy import classify
 from engine.reviewers import ReviewerRule
 from engine.runner import Runner
@@ -26,6 +33,7 @@ from tests.support.fakes import FakeClock
 from tests.support.logs import (
     REQUESTER,
     REVIEWER,
+    alert,
     approval_asked,
     clarification_asked,
     decided,
@@ -182,7 +190,8 @@ async def test_a_very_long_message_is_not_echoed_back_in_full(registry) -> None:
     log = [user(f"look up {query}"), *ran("toolu_1", "search_docs", "run_now", query=query)]
     empty = {"query": query, "results": []}
     answer = final_text(await decide([*log, tool_result("toolu_1", empty)], registry))
-    assert answer == f"Nothing in the docs matches “{query[:199]}…”."
+    cut = query[:199].rsplit(" ", 1)[0]  # after a whole word
+    assert answer == f"Nothing in the docs matches “{cut}…”."
 
 
 async def test_deploy_without_a_service_asks_which_one(registry) -> None:
@@ -191,6 +200,8 @@ async def test_deploy_without_a_service_asks_which_one(registry) -> None:
         assert decision.tool_use is not None
         assert decision.tool_use.name == ev.CLARIFICATION_TOOL
         assert decision.tool_use.input["question"].startswith("Which service should I deploy?")
+        # The thread's status line says where to answer (issue 15 §12): not again here.
+        assert "thread" not in decision.tool_use.input["question"].lower()
         assert classify(decision, registry).kind == "clarify"
 
 
@@ -640,7 +651,7 @@ async def test_catalog_and_platform_results_are_summarised(demo_registry) -> Non
     listed = {"text": "…", "structured": services}
     log = after("list services", "mcp__catalog__list_services", listed)
     answer = final_text(await decide(log, demo_registry))
-    assert answer == "The catalog has 1 services:\n• *api*: owner platform, 3 replicas"
+    assert answer == "The catalog has 1 service:\n• *api*: owner platform, 3 replicas"
     scaled = {"structured": {"service": "api", "replicas": 5, "was": 3}}
     log = after("scale api to 5", "mcp__catalog__scale_service", scaled, service="api", replicas=5)
     answer = final_text(await decide(log, demo_registry))
@@ -682,4 +693,277 @@ async def test_a_new_request_after_a_cancelled_call_does_not_report_it(demo_regi
     decision = await decide(log, demo_registry)
     assert decision.tool_use is not None and decision.tool_use.name == "mcp__catalog__scale_service"
     # The text becomes the next card's Why: about this request, not the cancelled one.
-    assert decision.text == "Scaling web to 2 replicas, once a reviewer approves."
+    assert decision.text == "Scaling web to 2 replicas, once it is approved."
+
+
+# --- wording (issue 15 §12 and §10) ----------------------------------------------------
+
+
+async def test_one_replica_is_one_replica(demo_registry) -> None:
+    worker = {"service": "worker", "owner": "data", "replicas": 1}
+    log = [
+        user("show service worker"),
+        *ran("toolu_1", "mcp__catalog__get_service", "run_now", service="worker"),
+        tool_result("toolu_1", {"structured": worker}),
+    ]
+    assert final_text(await decide(log, demo_registry)).endswith(", 1 replica.")
+    decision = await decide([user("scale worker to 1")], demo_registry)
+    assert decision.text.startswith("Scaling worker to 1 replica,")
+
+
+async def test_a_card_that_may_need_two_approvals_does_not_promise_one(demo_registry) -> None:
+    """The model speaks before the policy decides; a production deploy needs 2 of 2."""
+    decision = await decide([user("deploy api to production")], demo_registry)
+    assert decision.tool_use is not None and "a reviewer approves" not in decision.text
+    assert decision.text.endswith(", once it is approved.")
+
+
+def crashed_scale(*after: ev.Event) -> list[ev.Event]:
+    args = {"service": "api", "replicas": 6, "simulate_crash": True}
+    return [
+        user("scale api to 6 replicas and simulate a crash"),
+        *ran("toolu_1", "mcp__catalog__scale_service", "approve_before_run", **args),
+        ev.ToolOutcomeUnknown(actor="system", tool_call_id="toolu_1", attempt=1, error="gone"),
+        *after,
+    ]
+
+
+async def test_run_it_again_says_the_interrupted_call_had_taken_effect(demo_registry) -> None:
+    """It said "Scaled api to 6 replicas (it had 6)": the catalog had saved the change
+    before it crashed, so the second run changed nothing."""
+    log = crashed_scale(
+        ev.ReconcileDecided(
+            actor=REVIEWER, tool_call_id="toolu_1", decision="retry", reviewer=REVIEWER
+        ),
+        tool_result("toolu_1", {"structured": {"service": "api", "replicas": 6, "was": 6}}),
+    )
+    answer = final_text(await decide(log, demo_registry))
+    assert answer == (
+        "api has 6 replicas: the interrupted call had taken effect before the crash, "
+        "so running it again changed nothing."
+    )
+
+
+async def test_it_did_not_happen_is_reported_as_a_persons_word(demo_registry) -> None:
+    """It said "Not scaled: api to 6 replicas." while the catalog showed 6: the demo's
+    catalog saves the change before it crashes. The answer says whose word it is and
+    where to look, and claims nothing about the catalog."""
+    log = crashed_scale(
+        ev.ReconcileDecided(
+            actor=REVIEWER, tool_call_id="toolu_1", decision="abandon", reviewer=REVIEWER
+        ),
+    )
+    answer = final_text(await decide(log, demo_registry))
+    assert not answer.startswith("Not scaled")
+    assert answer.startswith("I did not run it again: scaling api to 6 replicas did not happen")
+    assert "a person said" in answer and "`show service api`" in answer
+
+
+# --- local mode's GitHub, PagerDuty and alerts --------------------------------------------
+
+
+@pytest.fixture
+async def local_registry(demo_registry: ToolRegistry) -> ToolRegistry:
+    """The demo registry plus the GitHub and PagerDuty tools (their real definitions)
+    that local mode's own opsloop.yaml loads."""
+    from tools.integrations.config import GitHubConfig, PagerDutyConfig
+    from tools.integrations.github import GitHubSource
+    from tools.integrations.pagerduty import PagerDutySource
+
+    reg = demo_registry.copy()
+    github = GitHubSource(GitHubConfig(token="x", repos=[CI_REPO]))
+    pagerduty = PagerDutySource(PagerDutyConfig(token="x"), client=object())  # type: ignore[arg-type]
+    for t in github.tools():
+        reg.register(t)
+    for t in await pagerduty.open():
+        reg.register(t)
+    return reg
+
+
+def ci_call(environment: str, service: str = "api", **more: str) -> dict[str, Any]:
+    inputs = {"service": service, "environment": environment, **more}
+    return {"repo": CI_REPO, "workflow": CI_WORKFLOW, "ref": "main", "inputs": inputs}
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "arguments", "verdict"),
+    [
+        ("deploy api to staging through CI", DISPATCH, ci_call("staging"), "approve_before_run"),
+        (
+            "<@U0BOT> deploy api to production through CI please",
+            DISPATCH,
+            ci_call("production"),
+            "approve_before_run",
+        ),
+        (
+            "ship web v2.0.1 to prod via GitHub Actions",
+            DISPATCH,
+            ci_call("production", "web", version="2.0.1"),
+            "approve_before_run",
+        ),
+        ("deploy worker with the deploy workflow", DISPATCH, ci_call("staging", "worker"), None),
+        ("who is on call?", ONCALL, {}, "run_now"),
+        ("on-call", ONCALL, {}, "run_now"),
+        # Without "through CI" it is the demo's deploy, as before.
+        ("deploy api to staging", "deploy", {"service": "api", "environment": "staging"}, None),
+    ],
+)
+async def test_the_ci_and_on_call_phrases_call_github_and_pagerduty(
+    local_registry, text, tool, arguments, verdict
+) -> None:
+    decision = await decide([user(text)], local_registry)
+    assert decision.tool_use is not None, decision.text
+    assert (decision.tool_use.name, decision.tool_use.input) == (tool, arguments)
+    if verdict is not None:
+        assert classify(decision, local_registry).kind == verdict  # valid as the tool says
+
+
+async def test_a_ci_deploy_says_what_it_runs_and_an_unknown_environment_is_explained(
+    local_registry,
+) -> None:
+    decision = await decide([user("deploy api to staging through CI")], local_registry)
+    assert decision.text == (
+        "Deploying api to staging through CI (deploy.yml on acme/platform), once it is "
+        "approved; I'll report how the run ends."
+    )
+    answer = final_text(await decide([user("deploy api to qa through CI")], local_registry))
+    assert "not “qa”" in answer and "`deploy api to staging through CI`" in answer
+    answer = final_text(await decide([user("deploy through CI")], local_registry))
+    assert answer.startswith("Which service?")
+
+
+async def test_the_ci_and_on_call_phrases_without_the_local_file_say_where_tools_come_from(
+    registry,
+) -> None:
+    for text in ("deploy api to staging through CI", "who is on call"):
+        answer = final_text(await decide([user(text)], registry))
+        assert "isn't loaded" in answer and "localslack/opsloop.yaml" in answer
+
+
+def ci_ran(*after: ev.Event, environment: str = "staging") -> list[ev.Event]:
+    args = ci_call(environment)
+    return [
+        user(f"deploy api to {environment} through CI"),
+        *ran("toolu_1", DISPATCH, "approve_before_run", **args),
+        ev.WaitStarted(
+            actor="tool",
+            tool_call_id="toolu_1",
+            wait_id="thr_test.w1",
+            description="deploy.yml on acme/platform at main (run 42)",
+            data={"github_run": {"repo": CI_REPO, "run_id": 42}},
+            wake_at=ev.utcnow(),
+            timeout_at=ev.utcnow(),
+        ),
+        *after,
+    ]
+
+
+def run_finished(conclusion: str, failed: list[str] | None = None) -> ev.WaitFinished:
+    result = {
+        "repo": CI_REPO,
+        "run_id": 42,
+        "workflow": "Deploy",
+        "conclusion": conclusion,
+        "duration_s": 4.0,
+        "html_url": "https://github.example/acme/platform/actions/runs/42",
+        "failed_jobs": failed or [],
+    }
+    return ev.WaitFinished(
+        actor="github", tool_call_id="toolu_1", wait_id="thr_test.w1", result=result
+    )
+
+
+async def test_how_the_ci_run_ended_is_the_answer(local_registry) -> None:
+    answer = final_text(await decide(ci_ran(run_finished("success")), local_registry))
+    assert answer == (
+        "Deployed api to staging through CI: the Deploy run 42 succeeded in 4 s. "
+        "https://github.example/acme/platform/actions/runs/42"
+    )
+    failed = ci_ran(run_finished("failure", ["deploy"]), environment="production")
+    answer = final_text(await decide(failed, local_registry))
+    assert answer.startswith("Not deployed: the Deploy run 42 of api to production ended failure")
+    assert "Failed jobs: deploy." in answer
+    late = ci_ran(ev.WaitTimedOut(tool_call_id="toolu_1", wait_id="thr_test.w1"))
+    answer = final_text(await decide(late, local_registry))
+    assert answer.startswith("Not deployed through CI: api to staging.\n> ")
+
+
+async def test_who_is_on_call_is_listed(local_registry) -> None:
+    oncalls = {
+        "oncalls": [
+            {
+                "user": "Bob Chen",
+                "email": "bob@opsloop-local.example",
+                "schedule": {"id": "P0ONCALL", "name": "Schedule P0ONCALL"},
+                "level": 1,
+                "until": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "more": False,
+    }
+    log = [
+        user("who is on call"),
+        *ran("toolu_1", ONCALL, "run_now"),
+        tool_result("toolu_1", oncalls),
+    ]
+    assert final_text(await decide(log, local_registry)) == (
+        "On call now, says PagerDuty:\n• *Bob Chen* (bob@opsloop-local.example): "
+        "Schedule P0ONCALL, level 1, until 2026-01-01T00:00:00Z"
+    )
+    log[-1] = tool_result("toolu_1", {"oncalls": [], "more": False})
+    assert (
+        final_text(await decide(log, local_registry)) == "Nobody is on call in PagerDuty right now."
+    )
+
+
+async def test_an_alert_is_investigated_with_a_read_only_check_and_summarised(
+    local_registry,
+) -> None:
+    fired = alert(summary="api: 5xx responses above 5%")
+    decision = await decide([fired], local_registry)
+    assert decision.tool_use is not None
+    assert (decision.tool_use.name, decision.tool_use.input) == ("check_health", {"service": "api"})
+    assert classify(decision, local_registry).kind == "run_now"
+    log = [
+        fired,
+        *ran("toolu_1", "check_health", "run_now", service="api"),
+        tool_result("toolu_1", {"service": "api", "status": "healthy", "attempt": 1}),
+    ]
+    assert final_text(await decide(log, local_registry)) == (
+        "api is healthy.\nThe alert: “api: 5xx responses above 5%”. I only looked: nothing "
+        "was changed."
+    )
+
+
+async def test_a_resolved_alert_or_one_without_a_service_changes_nothing(local_registry) -> None:
+    resolved = [alert(), alert(status="resolved")]
+    answer = final_text(await decide(resolved, local_registry))
+    assert (
+        answer == "The alert has resolved (“p99 latency above 2s”). Nothing more to look at here."
+    )
+    nameless = alert(labels={"alertname": "DiskFull"})
+    answer = final_text(await decide([nameless], local_registry))
+    assert "names no service" in answer and "did nothing" in answer
+
+
+async def test_help_lists_the_ci_and_on_call_phrases(local_registry) -> None:
+    answer = final_text(await decide([user("help")], local_registry))
+    for phrase in ("deploy api to staging through CI", "deploy api to production through CI"):
+        assert f"`{phrase}`" in answer
+    assert "`who is on call`" in answer
+
+
+def test_the_readmes_local_mode_table_lists_every_phrase() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    missing = [p for p, _ in PHRASEBOOK if f"| `@opsloop {p}` |" not in readme]
+    assert missing == []
+
+
+def test_a_long_text_is_cut_at_a_sentence_or_a_word_never_inside_one() -> None:
+    from engine.models.phrasebook import _cut
+
+    sentences = "The sweep takes them over. " * 10
+    assert _cut(sentences, 140).endswith("over.") and len(_cut(sentences, 140)) <= 140
+    words = "takeover " * 40
+    cut = _cut(words, 100)
+    assert cut.endswith("takeover…") and len(cut) <= 100

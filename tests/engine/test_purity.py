@@ -19,6 +19,7 @@ PURE = [
     "engine.context",
     "engine.rules",
     "engine.audit",
+    "engine.alerts",
 ]
 FORBIDDEN = [
     "sqlalchemy",

@@ -143,6 +143,17 @@ def test_on_call_entries_are_known_as_such() -> None:
     assert not ReviewerRule(frozenset({"U0A", "S0B"})).on_call
 
 
+def test_an_on_call_entry_admits_whom_the_lookup_found_on_call_and_nobody_else() -> None:
+    rule = ReviewerRule(frozenset({"oncall:PX1", "S0B", "U0A"}))
+    assert rule.looked_up == {"oncall:PX1", "S0B"}
+    assert rule.is_approver("U0ONCALL", ["oncall:PX1"])
+    assert not rule.is_approver("U0ONCALL", [])  # not looked up (or not on call): no
+    assert not rule.is_approver("U0ONCALL", ["oncall:PX2"])  # another schedule's on-call
+    assert rule.may_decide("approve", "U0Z", "U0A") == (
+        "you are not on the approvers list, nor on call for it now"
+    )
+
+
 # --- after an edit (issue 17 §2) -----------------------------------------------------------
 
 

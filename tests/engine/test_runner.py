@@ -15,7 +15,7 @@ from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey, open_store
 from tests.support.demo_tools import Args, make_tools
 from tests.support.fakes import FakeClock, RecordingModel
-from tools import ToolContext, ToolError, ToolRegistry, tool
+from tools import RetryableToolError, ToolContext, ToolError, ToolRegistry, tool
 
 KEY = ThreadKey("T1", "C1", "1700000000.000100")
 
@@ -107,6 +107,33 @@ async def test_retryable_error_backs_off_with_attempts_from_the_log(store):
     assert effects == Counter({"flaky:1": 1, "flaky:2": 1, "flaky:3": 1})
     events = await store.select_events(tid)
     assert [e.attempt for e in events if e.type == "retry_scheduled"] == [1, 2]
+
+
+async def test_every_attempt_of_a_call_knows_when_its_first_attempt_started(store):
+    """A tool looking for what an earlier, interrupted attempt did (a dispatched run)
+    looks back to the first attempt's start, however many attempts came between."""
+    clock = FakeClock()
+    seen: list[tuple[int, object]] = []
+    reg = ToolRegistry()
+
+    @tool(registry=reg)
+    async def again(args: Args, ctx: ToolContext) -> dict:
+        """Fails twice, then works."""
+        seen.append((ctx.attempt, ctx.first_started_at))
+        if ctx.attempt < 3:
+            raise RetryableToolError("try again")
+        return {"ok": True}
+
+    model = RecordingModel([call("again", name="x"), say("done")])
+    cfg = RunnerConfig(retry_base_s=1)
+    tid = await start(store)
+    for _ in range(3):
+        await Runner(store, model, reg, cfg, clock=clock).run(tid)
+        clock.advance(10)
+    started = [e for e in await store.select_events(tid) if e.type == "tool_started"]
+    assert [a for a, _ in seen] == [1, 2, 3]
+    assert {at for _, at in seen} == {started[0].created_at}
+    assert started[1].created_at > started[0].created_at  # not the latest attempt's
 
 
 async def test_retry_budget_spent_gives_an_error_result(store):

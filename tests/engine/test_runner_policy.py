@@ -181,6 +181,22 @@ async def test_a_waiting_tool_behind_an_approval_runs_then_waits(store):
     assert '"acc": 0.9' in model.last_prompt_text()
 
 
+async def test_a_run_now_rule_on_a_waiting_tool_lifts_the_approval_and_it_still_waits(store):
+    """A rule saying run_now for a deploy that waits on its run (github_dispatch_workflow)
+    means "no card", not "fail when it asks to wait"."""
+    effects: Counter = Counter()
+    model = RecordingModel([call("gated_train", name="m1"), say("trained")])
+    rules = PolicySet(rules=(PolicyRule(tool="gated_train", policy="run_now"),), policy_hash=HASH)
+    runner = Runner(store, model, make_ruled_tools(effects), policy=rules)
+    tid = await start(store)
+    state = await runner.run(tid)
+    assert state.status == "awaiting_job" and effects["gated_train"] == 1
+    [asked] = requested(await events(store, tid))
+    assert asked.policy == "wait_for_external_event"
+    await finish_wait(store, tid, wait_id=state.pending.wait.wait_id, result={"acc": 0.9})
+    assert (await runner.run(tid)).status == "idle"
+
+
 async def test_outcome_unknown_waits_for_a_person_then_happened_is_the_result(store):
     effects: Counter = Counter()
     model = RecordingModel([call("restart", name="lost"), say("noted")])

@@ -99,7 +99,12 @@ def test_every_reachable_state_is_consistent(log: list[ev.Event]) -> None:
         state = apply(state, event)
         assert state.last_seq == event.seq
         assert state.thread_id == event.thread_id
-        assert state.requester == log[0].actor
+        if isinstance(log[0], ev.UserMessage):
+            assert state.requester == log[0].actor
+        else:  # an alert's thread: whoever writes in it first
+            people = [e.actor for e in log[: state.last_seq] if isinstance(e, ev.UserMessage)]
+            assert state.requester == (people[0] if people else None)
+        assert state.alert is None or isinstance(log[0], ev.AlertReceived)
         assert (state.wake_at is not None) == (state.status in TIMED), state
         assert (state.status == "awaiting_reply") == (state.question is not None)
         phase = state.pending.phase if state.pending else None

@@ -36,6 +36,16 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.ClarificationAnswered(**_env(2, "U1"), tool_call_id=CALL, text="staging"),
         f"answer to {CALL}: staging",
     ),
+    "alert_received": (
+        ev.AlertReceived(
+            **_env(1, "alert:alertmanager"),
+            source="alertmanager",
+            fingerprint="5b9b5a2e",
+            status="firing",
+            summary="p99 latency\n above 2s",
+        ),
+        "firing 5b9b5a2e: p99 latency above 2s",
+    ),
     "thread_cancelled": (
         ev.ThreadCancelled(**_env(3, "U1"), reason="not needed"),
         "cancelled: not needed",
@@ -116,7 +126,7 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
             approvers=("S0SRE",),
             quorum=2,
         ),
-        f'edited {CALL}: {{"env":"production"}} rule 2 quorum 2',
+        f'edited {CALL}: {{"env":"production"}} rule 3 quorum 2',  # policy[2]: counted from 1
     ),
     "approval_reminded": (
         ev.ApprovalReminded(**_env(13), tool_call_id=CALL),
@@ -219,12 +229,12 @@ def test_a_ruled_call_shows_its_rule_and_policy_hash() -> None:
         idempotent=False,
     )
     assert summarize(ruled) == (
-        'mcp__svc__restart({"name":"api"}) policy=approve_before_run rule 3 policy 01234567'
+        'mcp__svc__restart({"name":"api"}) policy=approve_before_run rule 4 policy 01234567'
         " quorum 2 non-idempotent"
     )
     refused = ruled.model_copy(update={"policy": "reject", "reason": "not in prod", "quorum": 1})
     assert summarize(refused).endswith(
-        "policy=reject rule 3 policy 01234567 non-idempotent: not in prod"
+        "policy=reject rule 4 policy 01234567 non-idempotent: not in prod"
     )
     cancel = ev.ApprovalRefused(**_env(12, "U1"), decision="cancel", reason="not yours")
     assert summarize(cancel) == "refused to cancel: not yours"

@@ -42,6 +42,7 @@ from engine.inputs import (  # noqa: E402
     edit_call,
     finish_wait,
     post_user_message,
+    receive_alert,
     revoke_grant,
 )
 from engine.models.base import Decision, ModelError  # noqa: E402
@@ -442,6 +443,56 @@ async def granted(store: Store) -> Play:
     return p
 
 
+async def alerted(store: Store) -> Play:
+    """An Alertmanager alert opens a thread (alert_received, with the source's
+    instruction); the model looks and answers; the same alert fires again, then a
+    person asks in the thread; the alert resolves (the thread says so, nobody runs)."""
+    from engine.alerts import Alert
+
+    model = ScriptedModel(
+        [
+            call("lookup", name="api latency"),
+            say("p99 is high on api since 09:00; nothing changed in deploys."),
+            say("Still firing: same cause."),
+            say("Nothing to do now; it is recovering."),
+        ]
+    )
+    p = play(store, "", model, "make_tools")
+
+    async def received(status: Any, starts: str) -> None:
+        alert = Alert(
+            source="alertmanager",
+            fingerprint="5b9b5a2e3c1f0a7d",
+            status=status,
+            summary="p99 latency above 2s on api",
+            delivery=f"5b9b5a2e3c1f0a7d|{status}|{starts}",
+            labels={"alertname": "HighLatency", "service": "api", "severity": "page"},
+            annotations={"runbook_url": "https://runbooks.example/latency"},
+            url="https://prometheus.example/graph?g0.expr=latency",
+        )
+        event = alert.event(
+            channel=CHANNEL,
+            instruction="Investigate with read-only tools and summarise. Do not act.",
+        )
+        done = await receive_alert(store, event, team=TEAM)
+        p.thread_id = done.thread_id
+
+    await received("firing", "2026-01-05T09:00:00Z")
+    info = await store.get_thread(p.thread_id)
+    # As delivery does once the alert is posted at the top of the channel.
+    p.key = ThreadKey(TEAM, CHANNEL, "1767000011.000100")
+    assert await store.set_root(p.thread_id, info.root_ts, p.key.root_ts)
+    assert await p.run() == "idle"
+    await received("firing", "2026-01-05T09:30:00Z")  # fired again: a new startsAt
+    assert await p.run() == "idle"
+    await p.say("is it still bad?")
+    assert await p.run() == "idle"
+    await received("resolved", "2026-01-05T09:30:00Z")
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
+    return p
+
+
 THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "approvals": approvals,
     "clarified": clarified,
@@ -453,6 +504,7 @@ THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "reminded": reminded,
     "edited": edited,
     "granted": granted,
+    "alerted": alerted,
 }
 
 

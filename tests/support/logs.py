@@ -73,6 +73,33 @@ def user(text: str = "deploy api to staging", actor: str = REQUESTER, **kw: Any)
     return ev.UserMessage(text=text, actor=actor, **kw)
 
 
+ALERT_SOURCE = "alertmanager"
+ALERT_FINGERPRINT = "5b9b5a2e3c1f0a7d"
+
+
+def alert(
+    status: Literal["firing", "resolved"] = "firing",
+    fingerprint: str = ALERT_FINGERPRINT,
+    summary: str = "p99 latency above 2s",
+    **kw: Any,
+) -> ev.AlertReceived:
+    """An Alertmanager alert, as its route turns it into an input (``kw``: other fields)."""
+    fields: dict[str, Any] = {
+        "labels": {"alertname": "HighLatency", "service": "api"},
+        "url": "https://prometheus.example/graph",
+        "instruction": "Investigate with read-only tools and summarise. Do not act.",
+        "channel": "C0ALERTS",
+    }
+    return ev.AlertReceived(
+        actor=f"alert:{ALERT_SOURCE}",
+        source=ALERT_SOURCE,
+        fingerprint=fingerprint,
+        status=status,
+        summary=summary,
+        **(fields | kw),
+    )
+
+
 def said(text: str = "done") -> ev.ModelDecision:
     """A model decision with no tool use (a final answer, or an empty reply)."""
     return ev.ModelDecision(actor="model", text=text, stop_reason="end_turn", model="scripted")
@@ -360,6 +387,8 @@ class Simulator:
         out: list[ev.Event] = []
         if s.status in ("new", "idle", "failed", "cancelled"):
             out.append(user(f"message {n}"))
+        if s.status == "new":  # or an alert opens the thread
+            out.append(alert(summary=f"alert {n}"))
         if s.open_decision is None and s.pending is None and s.status in ("running", "sleeping"):
             out += self._decisions(n)
             out.append(retry(None, s.model_attempt + 1, at(n)))
@@ -459,6 +488,8 @@ class Simulator:
             # Legal only while a card waits: the requester wrote again.
             ev.ApprovalWithdrawn(actor=REQUESTER, tool_call_id=cid, reason="superseded"),
         ]
+        if s.alert is not None:  # the thread's alert fires again, or resolves
+            out += [alert(summary=f"again {n}"), alert("resolved", summary=f"resolved {n}")]
         if s.grants:  # one grant at a time, so noise stays a small share
             out.append(ev.GrantRevoked(actor=REVIEWER, grant_id=next(iter(s.grants))))
         elif s.status != "new":  # a reviewer's "Approve for 1 h" (noise: its vote aside)

@@ -222,6 +222,13 @@ async def test_the_poller_reports_done_once_the_time_is_up(demo, clock) -> None:
     assert done == {"job": "backfill", "status": "succeeded", "ran_for_s": 20}
 
 
+async def test_the_wait_reads_after_waiting_for(demo) -> None:
+    """Issue 15 §12: the status line, "⏳ Waiting for " and the description, said
+    "Waiting for job: job backfill (20 s)"."""
+    wait = await demo.run_job(demo.RunJobArgs(name="backfill", seconds=20), ctx())
+    assert wait.description == "the backfill job to run for 20 s"
+
+
 async def test_a_short_job_polls_as_often_as_it_lasts(demo) -> None:
     wait = await demo.run_job(demo.RunJobArgs(name="tick", seconds=1), ctx())
     assert (wait.timeout_s, wait.poll_every_s) == (33, 1.0)

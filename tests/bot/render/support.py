@@ -14,6 +14,7 @@ from slack_sdk.models.views import View as SdkView
 
 import bot.render
 from bot.render import (
+    alerts,
     approval,
     audit,
     edit,
@@ -28,6 +29,7 @@ from bot.render import (
 from engine import events as ev
 from engine.audit import audit as audit_of
 from engine.edits import changes
+from engine.grants import exact_schema
 from engine.reviewers import ReviewerRule
 from engine.state import CallSetback, PendingCall, SaidSince, ThreadState, WaitInfo
 
@@ -121,7 +123,26 @@ def shown_events(text: str = EVIL, args: Any = None) -> list[ev.Event]:
         ev.ErrorRaised(**env, message=text, kind="tool_failed"),
         ev.FinalAnswer(**env, text=text),
         ev.ThreadCancelled(**env, actor=REQUESTER, reason=text),
+        alert_event(text, "firing"),
+        alert_event(text, "resolved"),
     ]
+
+
+def alert_event(text: str, status: Any) -> ev.AlertReceived:
+    """An alert with ``text`` wherever a monitoring system writes (its link aside: only
+    an http(s) URL ever gets that far, engine.alerts)."""
+    return ev.AlertReceived(
+        thread_id=THREAD,
+        actor="alert:generic",
+        source="generic",
+        fingerprint=text[:200] or "f",
+        status=status,
+        summary=text,
+        labels={f"k{i}{text[:50]}": text for i in range(64)},
+        annotations={"description": text, "runbook_url": text},
+        instruction=text,
+        channel="C0OPS00001",
+    )
 
 
 def statuses(text: str = EVIL, intent: str = "refund_customer") -> list[ThreadState]:
@@ -257,6 +278,11 @@ def every_rendering(
         lines.granted_line(granting["call"], f"U{text}", LATER),
     )
     yield "grants_message", grants.grants_message(grant_rows(text, intent, 25))[1]
+    for alerted in (alert_event(text, "firing"), alert_event(text, "resolved")):
+        yield (
+            f"alert_root[{alerted.status}]",
+            alerts.alert_root(alerted, resolved=alerted.status == "resolved"),
+        )
     yield "grants_message[empty]", grants.grants_message([])[1]
 
 
@@ -267,9 +293,10 @@ def grant_rows(text: str = EVIL, intent: str = "deploy", n: int = 1) -> list[gra
             thread_id=THREAD,
             grant_id=f"grant_{i:04d}",
             tool=intent,
-            arguments={"x": text} if i % 2 else None,
+            schema=exact_schema({"x": text}) if i % 2 else {"type": "object"},
             reviewer=f"U{text}",
             until=LATER,
+            scope="channel" if i % 3 == 2 else "thread",
             link=None,  # a link is our own <…> token: its test checks it
         )
         for i in range(n)

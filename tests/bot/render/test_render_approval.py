@@ -54,17 +54,17 @@ def test_approval_card_structure() -> None:
     header, who, arguments, why, expiry, actions = blocks
     assert header["text"] == {
         "type": "plain_text",
-        "text": "Approval needed: refund_customer",
+        "text": "Approval needed: Refund customer",
         "emoji": True,
     }
     assert who["fields"][0]["text"] == f"*Requested by*\n<@{REQUESTER}>"
-    assert who["fields"][1]["text"] == "*Tool*\n*refund_customer*"
+    assert who["fields"][1]["text"] == "*Tool*\n*Refund customer*"
     assert arguments["text"]["text"] == (
         '*Arguments*\n```\n{\n  "amount_cents": 500,\n  "order_id": "A-1"\n}\n```'
     )
     assert why["text"]["text"] == "*Why*\nCustomer asked for it"
     assert md.date(LATER) in expiry["elements"][0]["text"]
-    assert f"`{CALL_ID}`" in expiry["elements"][0]["text"]
+    assert CALL_ID not in json.dumps(expiry)  # the trace's, not people's
     assert actions["block_id"] == f"opsloop_approval:{CALL_ID}"
     approve, edit, reject = actions["elements"]
     assert (approve["action_id"], approve["style"], approve["text"]["text"]) == (
@@ -80,7 +80,7 @@ def test_approval_card_structure() -> None:
         "Reject",
     )
     assert approve["confirm"]["confirm"]["text"] == "Approve"
-    assert approve["confirm"]["title"]["text"] == "Run refund_customer?"
+    assert approve["confirm"]["title"]["text"].startswith("Approve ")
     assert "confirm" not in reject  # reject opens the reason modal instead
     for button in (approve, edit, reject):
         assert json.loads(button["value"]) == {"t": THREAD, "c": CALL_ID, "h": HASH}
@@ -115,12 +115,12 @@ def test_approval_card_shows_long_arguments_cut_with_a_pointer_to_the_trace() ->
     ("outcome", "by", "title", "line"),
     [
         # Slack renders the date as "today at 6:25 PM": no "at" before it (issue 8).
-        ("approved", REVIEWER, "Approved: refund_customer", f"✅ Approved by <@{REVIEWER}> <!date"),
-        ("rejected", REVIEWER, "Rejected: refund_customer", f"❌ Rejected by <@{REVIEWER}> <!date"),
-        ("expired", None, "Approval expired: refund_customer", "⌛ Expired <!date"),
-        ("withdrawn", REQUESTER, "Withdrawn: refund_customer", "↩️ Withdrawn <!date"),
-        ("cancelled", REQUESTER, "Cancelled: refund_customer", f"🚫 Cancelled by <@{REQUESTER}>"),
-        ("cancelled", None, "Cancelled: refund_customer", "🚫 Cancelled <!date"),
+        ("approved", REVIEWER, "Approved: Refund customer", f"✅ Approved by <@{REVIEWER}> <!date"),
+        ("rejected", REVIEWER, "Rejected: Refund customer", f"❌ Rejected by <@{REVIEWER}> <!date"),
+        ("expired", None, "Approval expired: Refund customer", "⌛ Expired <!date"),
+        ("withdrawn", REQUESTER, "Withdrawn: Refund customer", "↩️ Withdrawn <!date"),
+        ("cancelled", REQUESTER, "Cancelled: Refund customer", f"🚫 Cancelled by <@{REQUESTER}>"),
+        ("cancelled", None, "Cancelled: Refund customer", "🚫 Cancelled <!date"),
     ],
 )
 def test_decided_card_has_no_buttons_and_names_who_and_when(
@@ -165,13 +165,13 @@ def test_the_card_names_the_rule_that_decided_and_who_may_approve() -> None:
     text = rule_text(oncall) or ""
     assert text.startswith("📜 rule 5: needs 1 of whoever is on call (PXYZ123)")
     assert "(the requester may approve too)" in text
-    assert "not connected yet" in text  # an on-call entry matches nobody for now
+    assert "who is on call is asked of PagerDuty at each click" in text
     # A call from before policy files shows no rule line.
     assert rule_text(requested()) is None
     assert "📜" not in all_text(approval_card(**card_inputs()))
 
 
-def test_an_open_quorum_card_shows_its_progress_and_the_policy_hash() -> None:
+def test_an_open_quorum_card_shows_its_progress_and_not_the_policy_hash() -> None:
     inputs = card_inputs() | {"call": ruled_call("x", "deploy", {"env": "production"})}
     fresh = approval_card(**inputs)
     assert "🗳️ 0 of 2 approvals so far" in all_text(fresh)
@@ -179,11 +179,11 @@ def test_an_open_quorum_card_shows_its_progress_and_the_policy_hash() -> None:
     text = all_text(voted)
     assert f"🗳️ 1 of 2: <@{REVIEWER}>" in text
     assert "rule 3: needs 2 of" in text
-    assert f"policy `{'ab' * 6}`" in text
+    assert "ab" * 6 not in text and "policy `" not in text  # the trace's, not people's
     assert voted[-1]["type"] == "actions"  # still open: the buttons stay
     confirm = voted[-1]["elements"][0]["confirm"]["text"]["text"]
-    assert confirm.startswith("opsloop runs")  # this vote is the last one needed
-    assert "one of the 2" in fresh[-1]["elements"][0]["confirm"]["text"]["text"]
+    assert "once 2 different people have approved it (1 so far)" in confirm
+    assert "(0 so far)" in fresh[-1]["elements"][0]["confirm"]["text"]["text"]
     assert limits.check_limits(voted) == []
 
 
@@ -252,7 +252,7 @@ def test_a_card_the_policy_refuses_after_an_edit_says_so_and_keeps_the_diff() ->
         decision_reason="Nothing deploys to prod-eu from chat.",
         edits=edits,
     )
-    assert blocks[0]["text"]["text"] == "Refused by the policy: deploy"
+    assert blocks[0]["text"]["text"] == "Refused by the policy: Deploy"
     assert blocks[-1]["text"]["text"] == (
         f"⛔ Refused by the policy {md.date(NOW)}, after <@{REVIEWER}>'s edit — "
         "Nothing deploys to prod-eu from chat."
@@ -277,8 +277,7 @@ def test_a_rule_with_max_grant_offers_approve_for_its_real_duration(
     approve, grant, _edit, _reject = actions["elements"]
     assert (grant["action_id"], grant["text"]["text"]) == ("opsloop_approve_for", label)
     assert grant["value"] == approve["value"]  # bound to the same call and arguments
-    assert grant["confirm"]["title"]["text"] == f"{label}?"
-    assert "exact arguments in this thread" in grant["confirm"]["text"]["text"]
+    assert "confirm" not in grant  # its modal is the confirmation
     assert limits.check_limits(blocks) == []
 
 
@@ -301,3 +300,60 @@ def test_duration_text_says_the_real_span() -> None:
         "45 s",
         "1 s",
     ]
+
+
+def test_a_card_is_titled_by_the_tool_and_shows_no_ids() -> None:
+    """Issue 15 §7: "Approval needed: Scale service", the registered name only in the
+    Tool field (the name rules match), and neither the call's id nor the policy's hash
+    in what people read (open or decided)."""
+    call = ruled_call("x", "mcp__catalog__scale_service", {"service": "api", "replicas": 6})
+    inputs = card_inputs() | {"call": call}
+    for blocks in (
+        approval_card(**inputs),
+        decided_card(**inputs, outcome="approved", by=REVIEWER, at=NOW),
+    ):
+        assert blocks[0]["text"]["text"].endswith(": Scale service")
+        tool_field = blocks[1]["fields"][1]["text"]
+        assert tool_field == "*Tool*\n*Scale service*\n`mcp__catalog__scale_service`"
+        shown = all_text(blocks)
+        assert CALL_ID not in shown and "ab" * 6 not in shown
+        assert "call `" not in shown and "policy `" not in shown
+        assert limits.check_limits(blocks) == []
+
+
+def approve_dialog(blocks: list[dict]) -> str:
+    [approve] = [e for e in blocks[-1]["elements"] if e["action_id"] == "opsloop_approve"]
+    return approve["confirm"]["title"]["text"] + "\n" + approve["confirm"]["text"]["text"]
+
+
+def test_the_approve_dialog_is_true_whoever_clicks() -> None:
+    """Issue 15 §5: Slack shows one confirm dialog to every clicker. It told the
+    requester "Your approval counts as one of the 2 …" and bob, after his vote, "opsloop
+    runs deploy …"; both were then refused. It says what an approval does and who may
+    give one, and promises no one that their click counts."""
+    call = requested("deploy", rule=2, approvers=(REQUESTER, REVIEWER), quorum=2)
+    inputs = card_inputs() | {"call": call}
+    for votes in (None, Votes((REVIEWER,), 2)):
+        text = approve_dialog(approval_card(**inputs, votes=votes))
+        assert "your approval" not in text.lower() and "opsloop runs" not in text
+        assert "once 2 different people have approved it" in text
+        assert "each person counts once" in text  # bob's second vote
+        # The requester is among the approvers, and still may not approve her own call.
+        assert f"Only <@{REQUESTER}> and <@{REVIEWER}> may approve, not the requester." in text
+    one = approve_dialog(approval_card(**card_inputs() | {"call": requested(approvers=())}))
+    assert "runs with the arguments shown once it is approved" in one
+    assert one.endswith("Anyone but the requester may approve.")
+    mine = requested(approvers=(REVIEWER,), allow_self=True)
+    assert approve_dialog(approval_card(**card_inputs() | {"call": mine})).endswith(
+        f"Only <@{REVIEWER}> may approve."
+    )
+    # A call from before rules were recorded: the process's approvers decide.
+    assert "Only opsloop's approvers may approve." in approve_dialog(approval_card(**card_inputs()))
+
+
+def test_the_approve_dialog_fits_with_many_approvers() -> None:
+    many = tuple(f"U0PERSON{i:02d}" for i in range(30))
+    blocks = approval_card(**card_inputs() | {"call": requested(approvers=many, quorum=3)})
+    text = approve_dialog(blocks)
+    assert "and 25 more may approve" in text and text.endswith(", not the requester.")
+    assert limits.check_limits(blocks) == []

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot import limits
+from bot import mrkdwn as md
 from bot.mrkdwn import slack_len
 from bot.render import home
 
@@ -33,12 +34,15 @@ def row(**kw: Any) -> home.ThreadRow:
     return home.ThreadRow(**(fields | kw))
 
 
-def test_a_pending_line_says_where_what_who_and_how_long_ago() -> None:
-    """Issue 8 item 10: not "thread 1796149721.784797 · waiting for approval: deploy"."""
+def test_a_pending_line_says_where_what_who_and_when() -> None:
+    """Issue 8 item 10: not "thread 1796149721.784797 · waiting for approval: deploy".
+    Issue 15 §12: its time reads as the cards' do ("today at 2:19 AM"), not "{ago}",
+    which a client that cannot show it renders as "2026-01-02 09:18 UTC"."""
     line = home.row_line(row())
     assert line.startswith("• <#C0OPS00001> · waiting for approval: *deploy* ")
     assert "`service=api environment=production`" in line
-    assert f"asked by <@{ALICE}> <!date^{int(ASKED.timestamp())}^{{ago}}|" in line
+    assert f"asked by <@{ALICE}> {md.date(ASKED)} · " in line
+    assert "{ago}" not in line
     assert line.endswith(f"<{LINK}|open thread>")
     assert "thread 1796149721" not in line
 
@@ -56,7 +60,7 @@ def test_a_row_built_as_before_still_renders() -> None:
         tool="deploy",
     )
     line = home.row_line(old)
-    assert "*deploy* ·" in line and "{ago}" in line  # when: the row's last change
+    assert "*deploy* ·" in line and md.date(NOW) in line  # when: the row's last change
     assert line.endswith("`opsloop trace C0OPS00001/1796149721.784797`")
 
 

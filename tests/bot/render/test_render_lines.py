@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -33,14 +34,58 @@ def test_tool_call_line_shows_the_tool_and_its_arguments_on_one_line() -> None:
     assert blocks == [
         {
             "type": "context",
-            "elements": [{"type": "mrkdwn", "text": '🔧 *search_docs* `{"query":"a\\nb"}`'}],
+            "elements": [{"type": "mrkdwn", "text": "🔧 *Search docs* · query: a b"}],
         }
     ]
 
 
 def test_tool_call_line_truncates_arguments() -> None:
     text = line_text(event_line(requested("t", {"q": "x" * 10_000}, policy="run_now")))
-    assert len(text) < 400 and text.endswith("…`")
+    assert len(text) < 400 and text.endswith("…")
+
+
+def test_a_call_without_arguments_is_its_title_alone() -> None:
+    text = line_text(event_line(requested("mcp__catalog__list_services", {}, policy="run_now")))
+    assert text == "🔧 *List services*"
+
+
+def test_an_mcp_result_is_its_content_as_key_value_lines_not_json() -> None:
+    """Issue 15 §7: the catalog's answer showed as
+    `{"text":"{\\"services\\": [{\\"owner\\": …`; people read its rows instead."""
+    rows = [
+        {"owner": "platform", "replicas": 3, "service": "api"},
+        {"owner": "data", "replicas": 1, "service": "worker"},
+    ]
+    output = {"text": json.dumps({"services": rows}), "structured": {"services": rows}}
+    result = ev.ToolResult(
+        thread_id=THREAD, tool_call_id=CALL_ID, attempt=1, ok=True, output=output
+    )
+    text = line_text(event_line(result, tool_name="mcp__catalog__list_services"))
+    assert text == (
+        "✔️ *List services* done\n"
+        "services:\n"
+        "• owner: platform, replicas: 3, service: api\n"
+        "• owner: data, replicas: 1, service: worker"
+    )
+    text_only = {"text": json.dumps({"service": "api", "replicas": 6, "was": 3})}
+    scaled = result.model_copy(update={"output": text_only})
+    assert line_text(event_line(scaled, tool_name="mcp__catalog__scale_service")) == (
+        "✔️ *Scale service* done\nservice: api\nreplicas: 6\nwas: 3"
+    )
+    words = result.model_copy(update={"output": {"text": "Restarted api"}})
+    assert line_text(event_line(words, tool_name="restart")) == "✔️ *Restart* done: Restarted api"
+
+
+def test_a_result_is_escaped_and_cut_within_the_line() -> None:
+    output = {"note": "<!channel> ```", "blob": "x" * 10_000, "rows": list(range(1000))}
+    result = ev.ToolResult(
+        thread_id=THREAD, tool_call_id=CALL_ID, attempt=1, ok=True, output=output
+    )
+    blocks = event_line(result, tool_name="t")
+    text = line_text(blocks)
+    assert "&lt;!channel&gt;" in text and "```" not in text
+    assert "and 995 more" in text and len(text) < 1000
+    assert limits.check_limits(blocks or []) == []
 
 
 def test_a_call_that_needs_approval_is_shown_by_its_card() -> None:
@@ -53,17 +98,16 @@ def test_event_lines_say_what_happened() -> None:
         key = event.type + ("" if getattr(event, "ok", True) else ":error")
         key += ":model" if event.type == "retry_scheduled" and not event.tool_call_id else ""
         lines[key] = line_text(event_line(event, tool_name="deploy", requester=REQUESTER))
-    assert lines["tool_call_requested"] == '🔧 *boom* `{"q":"boom"}`'
-    assert lines["tool_result"] == '✔️ *deploy* done: `{"out":"boom"}`'
-    assert lines["tool_result:error"] == "⚠️ *deploy* failed: boom"
-    assert lines["retry_scheduled"].startswith("🔁 Attempt 2 of *deploy* failed: boom; retrying")
+    assert lines["tool_call_requested"] == "🔧 *Boom* · q: boom"
+    assert lines["tool_result"] == "✔️ *Deploy* done\nout: boom"
+    assert lines["tool_result:error"] == "⚠️ *Deploy* failed: boom"
+    assert lines["retry_scheduled"].startswith("🔁 Attempt 2 of *Deploy* failed: boom; retrying")
     assert md.date(LATER) in lines["retry_scheduled"]
     assert lines["wait_started"] == f"⏳ Waiting for boom (gives up {md.date(LATER)})"
-    assert lines["wait_finished"] == '✔️ The wait is over: `{"r":"boom"}`'
-    assert lines["wait_timed_out"] == "⌛ Gave up waiting (`w1`): it timed out"
-    assert lines["clarification_requested"] == (
-        f"❓ <@{REQUESTER}> boom\nReply in this thread to answer."
-    )
+    assert lines["wait_finished"] == "✔️ The wait is over\nr: boom"
+    assert lines["wait_timed_out"] == "⌛ Gave up waiting: it timed out"
+    # Once, by the status line: not again under the question (issue 15 §12).
+    assert lines["clarification_requested"] == f"❓ <@{REQUESTER}> boom"
     assert lines["decision_rejected"] == "↩️ The model's proposal was refused: boom"
     assert lines["error"].startswith("⚠️ *tool_failed*: boom\nThis thread needs a human.")
     assert lines["final_answer"] == "boom"
@@ -74,7 +118,7 @@ def test_model_retry_and_unnamed_calls() -> None:
     retry = ev.RetryScheduled(thread_id=THREAD, attempt=1, wake_at=LATER, error="529")
     assert "Attempt 1 of the model call failed: 529" in line_text(event_line(retry))
     result = ev.ToolResult(thread_id=THREAD, tool_call_id=CALL_ID, attempt=1, ok=True)
-    assert line_text(event_line(result)) == f"✔️ `{CALL_ID}` done"
+    assert line_text(event_line(result)) == "✔️ the call done"  # its id is the trace's
 
 
 def test_the_question_is_a_prominent_section() -> None:
@@ -133,6 +177,7 @@ def test_shown_and_card_types_are_as_before_the_facts_replaced_the_tables() -> N
         "error",
         "final_answer",
         "thread_cancelled",
+        "alert_received",  # the same alert firing again or resolving (its first: the root)
     }
     assert CARD_TYPES == {
         "approval_requested",
@@ -142,6 +187,7 @@ def test_shown_and_card_types_are_as_before_the_facts_replaced_the_tables() -> N
         "approval_withdrawn",
         "approval_reminded",
         "approval_edited",
+        "grant_created",  # the card its vote closes says what it lets through
         "tool_outcome_unknown",
         "reconcile_decided",
     }
@@ -174,5 +220,5 @@ def test_a_call_a_rule_refused_is_one_line_with_the_reason() -> None:
     refused = requested("purge", policy="reject", rule=1, reason="Nothing is purged from chat.")
     [line] = event_line(refused) or []
     assert line["elements"][0]["text"] == (
-        "🛑 *purge* was refused by rule 2: Nothing is purged from chat."
+        "🛑 *Purge* was refused by rule 2: Nothing is purged from chat."
     )

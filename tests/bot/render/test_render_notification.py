@@ -10,7 +10,7 @@ from tests.bot.render.support import CALL_ID, EVIL, THREAD, assert_safe, card_in
 
 def test_fallback_text_of_blocks_and_events() -> None:
     card = approval_card(**card_inputs())
-    assert fallback_text(card).startswith("Approval needed: refund_customer · ")
+    assert fallback_text(card).startswith("Approval needed: Refund customer · ")
     answer = ev.FinalAnswer(thread_id=THREAD, text="x" * 20_000)
     assert len(fallback_text(answer)) <= 3000
     started = ev.ToolStarted(thread_id=THREAD, tool_call_id=CALL_ID, attempt=1)

@@ -43,6 +43,25 @@ def test_the_reminder_mentions_each_approver_and_links_the_card() -> None:
     assert limits.check_limits(blocks) == []
 
 
+def test_the_reminder_and_the_escalation_mention_whoever_is_on_call() -> None:
+    call = ruled(REVIEWER, "oncall:P0NCALL1", "oncall:P0NCALL2", quorum=2)
+    on_call = {"oncall:P0NCALL1": ("U0ALICE01", REVIEWER), "oncall:P0NCALL2": None}
+    text = all_text(reminder_reply(**TIMERS, call=call, votes=NO_VOTES, on_call=on_call))
+    assert text.startswith(f"🔔 <@{REVIEWER}>, <@U0ALICE01>: *deploy* is still waiting")
+    assert "whoever is on call (P0NCALL1)" not in text  # reached: the people are named
+    assert "Not notified: whoever is on call (P0NCALL2): PagerDuty could not say" in text
+    to = ("oncall:P0NCALL1",)
+    expired = escalation_post(
+        **TIMERS, requester=REQUESTER, call=call, escalate_to=to, votes=NO_VOTES, on_call=on_call
+    )
+    assert all_text(expired).startswith(f"⌛ <@U0ALICE01>, <@{REVIEWER}>: an approval expired")
+    nobody = {"oncall:P0NCALL1": ()}
+    blocks = escalation_post(
+        **TIMERS, requester=REQUESTER, call=call, escalate_to=to, votes=NO_VOTES, on_call=nobody
+    )
+    assert "nobody on call has a Slack account" in all_text(blocks)
+
+
 def test_the_reminder_pings_nobody_who_voted_and_counts_the_votes() -> None:
     call = ruled(REVIEWER, "U0OTHER01", quorum=2)
     blocks = reminder_reply(**TIMERS, call=call, votes=Votes((REVIEWER,), 2))

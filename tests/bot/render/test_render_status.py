@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bot import limits
@@ -21,7 +23,7 @@ from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending
             state("awaiting_approval", pending=pending()),
             # Named in sorted order: group and user ids as the rule holds them.
             f"⏸️ Waiting for approval from <!subteam^S0GROUP01>, <@{REVIEWER}> "
-            f"to run *refund_customer* (expires {md.date(LATER)})",
+            f"to run *Refund customer* (expires {md.date(LATER)})",
             True,
         ),
         (
@@ -31,7 +33,8 @@ from tests.bot.render.support import LATER, REQUESTER, REVIEWER, THREAD, pending
         ),
         (
             state("awaiting_job", pending=pending("waiting", wait=wait_info())),
-            f"⏳ Waiting for job: deploy job 42 (gives up {md.date(LATER)})",
+            # What it waits for, as the tool describes it: no "job: job backfill".
+            f"⏳ Waiting for deploy job 42 (gives up {md.date(LATER)})",
             True,
         ),
         (state("sleeping", model_retry_at=LATER), f"🔁 Retrying {md.date(LATER)}", True),
@@ -53,8 +56,21 @@ def test_status_message(s: ThreadState, text: str, cancel: bool) -> None:
             "danger",
         )
         assert button["confirm"]["confirm"]["text"] == "Cancel thread"
-    assert f"`opsloop trace {THREAD}`" in blocks[1]["elements"][0]["text"]
+        # One dialog for every clicker (issue 15 §5): it says who may cancel.
+        assert button["confirm"]["text"]["text"].endswith(
+            "Only the requester or an approver may cancel."
+        )
     assert limits.check_limits(blocks) == []
+
+
+def test_the_status_message_shows_no_thread_id() -> None:
+    """Issue 15 §7: the thread's id and the trace command are for operators (opsloop
+    trace CHANNEL/TS finds the log); the status message is only its line."""
+    for s in (state("running"), state("awaiting_approval", pending=pending()), state("idle")):
+        blocks = status_message(s, THREAD)
+        assert len(blocks) == 1
+        shown = json.dumps([b.get("text") for b in blocks])
+        assert THREAD not in shown and "opsloop trace" not in shown
 
 
 def test_status_without_approvers_asks_for_a_reviewer() -> None:
@@ -65,7 +81,7 @@ def test_status_without_approvers_asks_for_a_reviewer() -> None:
 def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> None:
     unknown = state("awaiting_reconcile", pending=pending("unknown", intent="restart"))
     text = status_text(unknown, ReviewerRule(frozenset({REVIEWER})))
-    assert text.startswith("❓ *restart* was interrupted: waiting for")
+    assert text.startswith("❓ *Restart* was interrupted: waiting for")
     assert f"<@{REVIEWER}>" in text
     quorum = state(
         "awaiting_approval",
@@ -77,3 +93,10 @@ def test_the_status_line_while_an_outcome_is_unknown_or_a_quorum_is_open() -> No
     assert text.endswith(", 1 of 2 so far")
     blocks = status_message(unknown, THREAD)
     assert blocks[0]["accessory"]["action_id"] == CANCEL_ACTION  # cancellable
+
+
+def test_the_status_line_names_a_tool_by_its_title() -> None:
+    """Issue 15 §7: "to run *Scale service*", not the registered mcp__catalog__… name."""
+    call = pending(intent="mcp__catalog__scale_service")
+    text = status_text(state("awaiting_approval", pending=call))
+    assert "to run *Scale service*" in text and "mcp__" not in text

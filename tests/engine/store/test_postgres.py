@@ -27,7 +27,7 @@ def test_named_parameters_are_numbered_once_in_the_order_they_first_appear() -> 
 def test_every_append_takes_its_values_by_name() -> None:
     """The batch's variants differ in their parts, never in what a value is called."""
     common = {"seqs", "event_ids", "types", "actors", "payloads", "dedupe_keys", "versions"}
-    common |= {"thread_id", "last_seq", "status", "wake_at", "requester", "now"}
+    common |= {"thread_id", "last_seq", "status", "wake_at", "requester", "alert_key", "now"}
     for (keys, snapshot), statement in APPEND_SQL.items():
         wanted = common | {"expected_seq", "origin", "wakes"}
         wanted |= {"keys"} if keys else set()
