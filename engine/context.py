@@ -9,6 +9,11 @@ Versions: ``v1`` shows people's words as the log holds them; ``v2`` decodes the 
 markup of words that came from Slack (``engine.chat_markup``). A replay projects a
 decision with the version it was made with, so old decisions still match.
 
+Images: an MCP result's image attachments that hold their base64 ``data`` (as
+``tools/mcp/results.py`` keeps them) are sent as image blocks of the ``tool_result``,
+after its text, which shows the same result without the data. The event holds what is
+sent, so the prompt's hash still replays. A log without such data projects as before.
+
 Pure: no I/O here.
 """
 
@@ -23,11 +28,16 @@ from typing import Any, Protocol
 from engine import compaction, edits
 from engine import events as ev
 from engine.chat_markup import decoded
+from tools.output import IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES
 
 PROJECTION_VERSION = "v2"
 VERBATIM_VERSIONS = frozenset({"v1"})  # before chat markup was decoded for the model
 KNOWN_VERSIONS = VERBATIM_VERSIONS | {PROJECTION_VERSION}
 MAX_RESULT_CHARS = 4000
+# What an image block costs in the size estimate instead of its base64 (Anthropic's
+# images cost about 1,600 tokens at most once resized; the estimate's 4 characters a token).
+IMAGE_CHARS = 1600 * 4
+_MCP_KEYS = frozenset({"text", "structured", "attachments"})
 
 SYSTEM_PROMPT = (
     "You are opsloop, an operations assistant working inside a chat thread. "
@@ -134,10 +144,16 @@ class _Conversation:
             self.add("user", [block])
 
     def answer(
-        self, call_id: str | None, content: str, *, error: bool = False, ran: bool = False
+        self,
+        call_id: str | None,
+        content: str,
+        *,
+        error: bool = False,
+        ran: bool = False,
+        images: Sequence[dict[str, Any]] = (),
     ) -> None:
         """``content`` answers the tool_use ``call_id``; ``ran``: the call ran (what
-        people changed before it did is told first)."""
+        people changed before it did is told first); ``images``: image blocks after it."""
         edited = self.edits.pop(call_id, None) if call_id is not None else None
         if edited is not None:
             content = f"{edited.told(ran)}\n{content}"
@@ -145,7 +161,10 @@ class _Conversation:
             # No tool_use awaits it (a late result after a cancel, say): plain words.
             self.say(content if call_id is None else f"[result of {call_id}] {content}")
             return
-        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+        shown: str | list[dict[str, Any]] = content
+        if images:
+            shown = [{"type": "text", "text": content}, *images]
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id, "content": shown}
         if error:
             result["is_error"] = True
         self.open_call = None
@@ -300,9 +319,37 @@ def _approval_withdrawn(conv: _Conversation, e: ev.ApprovalWithdrawn, version: s
     )
 
 
+def _images(output: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """``output`` without the base64 of its images, and those the model may be shown
+    as image blocks (an MCP result's: a media type and a size the API takes)."""
+    if not (isinstance(output, dict) and output and set(output) <= _MCP_KEYS):
+        return output, []
+    found = output.get("attachments")
+    if not isinstance(found, list) or not any(
+        isinstance(a, dict) and "data" in a and a.get("type") == "image" for a in found
+    ):
+        return output, []
+    attachments: list[Any] = []
+    blocks: list[dict[str, Any]] = []
+    # The bound's base64 characters, with room for padding: results.py keeps the exact
+    # bound; this only keeps a hand-made log from sending more.
+    room = MAX_IMAGE_BYTES * 4 // 3 + 1024
+    for a in found:
+        if isinstance(a, dict) and a.get("type") == "image" and "data" in a:
+            a = dict(a)
+            data, kind = a.pop("data"), a.get("mime_type")
+            if isinstance(data, str) and kind in IMAGE_MEDIA_TYPES and len(data) <= room:
+                source = {"type": "base64", "media_type": kind, "data": data}
+                blocks.append({"type": "image", "source": source})
+                room -= len(data)
+        attachments.append(a)
+    return {**output, "attachments": attachments}, blocks
+
+
 def _tool_result(conv: _Conversation, e: ev.ToolResult, version: str) -> None:
     if e.ok:
-        conv.answer(e.tool_call_id, _json(e.output, e), ran=True)
+        output, images = _images(e.output)
+        conv.answer(e.tool_call_id, _json(output, e), ran=True, images=images)
     else:
         conv.answer(e.tool_call_id, f"Tool failed: {e.error}", error=True, ran=True)
 
@@ -364,6 +411,18 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _chars(message: dict[str, Any], canon: str) -> int:
+    """The size of a message in the estimate: its canonical JSON, with each image's
+    base64 counted as :data:`IMAGE_CHARS` (what it costs, not what it weighs)."""
+    size = len(canon)
+    for block in message["content"]:
+        inner = block.get("content") if block.get("type") == "tool_result" else None
+        for b in inner if isinstance(inner, list) else [block]:
+            if b.get("type") == "image":
+                size += IMAGE_CHARS - len(b["source"]["data"])
+    return size
+
+
 EPHEMERAL = {"type": "ephemeral"}
 
 
@@ -394,7 +453,8 @@ class Projector:
         self.version = version
         self.system = [_marked({"type": "text", "text": SYSTEM_PROMPT})]
         self._conv = _Conversation()
-        self._settled: list[str] = []  # canonical JSON of messages that can no longer change
+        # Canonical JSON of messages that can no longer change, and their sizes (_chars).
+        self._settled: list[tuple[str, int]] = []
         self.offer(tools)
         self._boundaries: dict[int, int] = {}  # seq the model was asked after -> message index
         self._upto = 0  # what the latest compaction summarised
@@ -463,7 +523,8 @@ class Projector:
         """The oldest clean boundary whose tail fits ``target_tokens``, or the newest
         one if none does; None if there is nothing to compact."""
         self.prompt()  # settle message sizes
-        sizes = [len(m) for m in self._settled] + [len(_canon(self._conv.messages[-1]))]
+        last = self._conv.messages[-1]
+        sizes = [size for _, size in self._settled] + [_chars(last, _canon(last))]
         total = sum(sizes)
         candidates = sorted(k for k in self._boundaries if k > self._upto)
         for seq in candidates:
@@ -485,16 +546,19 @@ class Projector:
             earlier["content"] = [*earlier["content"][:-1], _marked(earlier["content"][-1])]
         settled = max(0, len(conv.messages) - 1)
         while len(self._settled) < settled:
-            self._settled.append(_canon(conv.messages[len(self._settled)]))
+            message = conv.messages[len(self._settled)]
+            canon = _canon(message)
+            self._settled.append((canon, _chars(message, canon)))
         # The marked copy of messages[-2] is hashed as sent; the rest as settled. The
         # settled prefix grows with the thread, so it is hashed once, not every turn.
         prefix = max(0, len(messages) - 2)
         self._hashed.extend(self._settled, prefix)
         digest, size = self._hashed.digest.copy(), self._hashed.size
-        for part in (_canon(m) for m in messages[prefix:]):
+        for m in messages[prefix:]:
+            part = _canon(m)
             digest.update(b"\n")
             digest.update(part.encode())
-            size += len(part) + 1
+            size += _chars(m, part) + 1
         return Prompt(
             self.system,
             messages,
@@ -519,13 +583,13 @@ class _Hashed:
         self.size = len(self.head)
         self.count = 0
 
-    def extend(self, settled: list[str], count: int) -> None:
+    def extend(self, settled: list[tuple[str, int]], count: int) -> None:
         if count < self.count:  # never expected (the prefix only grows): start again
             self._start()
-        for part in settled[self.count : count]:
+        for part, size in settled[self.count : count]:
             self.digest.update(b"\n")
             self.digest.update(part.encode())
-            self.size += len(part) + 1
+            self.size += size + 1
         self.count = count
 
 

@@ -28,6 +28,11 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 MAX_RESULT_BYTES = 1 << 20
+# Images a result may hand the model (as image blocks of its tool_result): the media
+# types the Anthropic API takes, and a bound on their decoded bytes, all of one result
+# together, that leaves room under MAX_RESULT_BYTES for the rest of it once base64 (4/3).
+IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+MAX_IMAGE_BYTES = 512 * 1024
 # Room the cut form keeps for its other fields, so the whole stays under the bound.
 _CUT_OVERHEAD = 1024
 HEAD_BYTES = MAX_RESULT_BYTES - _CUT_OVERHEAD

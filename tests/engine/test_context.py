@@ -41,6 +41,7 @@ from tests.support.logs import (
     user,
 )
 from tools import ToolContext, ToolRegistry, tool
+from tools.output import MAX_IMAGE_BYTES
 
 TOOLS = ToolRegistry()
 
@@ -551,3 +552,44 @@ def test_a_message_written_while_a_reconcile_card_waits_is_read_after_its_answer
     answer, said_meanwhile = project(stamp(log), TOOLS.all()).messages[-1]["content"]
     assert answer["type"] == "tool_result" and "says it happened" in answer["content"]
     assert said_meanwhile["text"].endswith("actually, check web too")
+
+
+# --- an MCP result's images and resources (issue 16 §7) --------------------------------
+
+PNG_B64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def answered_with(output: Any) -> Any:
+    log = [user(), *happy_path()[1:3], started("toolu_1"), result("toolu_1", output=output)]
+    return project(log, TOOLS.all()).messages[-1]["content"][0]["content"]
+
+
+def test_an_mcp_image_with_its_data_is_an_image_block_after_the_text() -> None:
+    image = {"type": "image", "mime_type": "image/png", "bytes": 69, "data": PNG_B64}
+    text, block = answered_with({"text": "a chart", "attachments": [image]})
+    assert block == {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64},
+    }
+    summary = {"type": "image", "mime_type": "image/png", "bytes": 69}
+    assert json.loads(text["text"]) == {"text": "a chart", "attachments": [summary]}
+
+
+def test_only_an_mcp_result_with_an_image_the_api_takes_gets_an_image_block() -> None:
+    tiff = {"type": "image", "mime_type": "image/tiff", "bytes": 3, "data": "AAAA"}
+    not_mcp = {"rows": 1, "attachments": [{**tiff, "mime_type": "image/png"}]}
+    assert isinstance(answered_with(not_mcp), str)  # a tool's own JSON, as it is
+    shown = answered_with({"attachments": [tiff]})
+    assert json.loads(shown) == {"attachments": [{k: v for k, v in tiff.items() if k != "data"}]}
+    huge = {**tiff, "mime_type": "image/png", "data": "A" * (MAX_IMAGE_BYTES * 2)}
+    assert isinstance(answered_with({"attachments": [huge]}), str)
+
+
+def test_an_embedded_text_resource_is_inline_within_the_cut() -> None:
+    resource = {"type": "resource", "uri": "file:///r.txt", "bytes": 9000, "text": "y" * 9000}
+    content = answered_with({"attachments": [resource]})
+    assert '"text": "yyyy' in content
+    assert len(content) < MAX_RESULT_CHARS + 200
+    assert "chars; elided, full output in event " in content

@@ -26,6 +26,7 @@ and a later request that starts with a written prefix reads it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -679,6 +680,8 @@ def _check_block(where: str, block: Any, allowed: set[str]) -> list[str]:
         ]
     if btype == "text":
         return _check_text_block(where, block)
+    if btype == "image":
+        return _check_image_block(where, block)
     if btype == "tool_use":
         p = _extra_keys(where, block, _BLOCK_KEYS["tool_use"])
         if not isinstance(block.get("id"), str) or not TOOL_USE_ID.match(block["id"]):
@@ -702,6 +705,28 @@ def _check_block(where: str, block: Any, allowed: set[str]) -> list[str]:
             p.append(f"{where}.content: Input should be a string or a list of blocks")
         return p + _check_cache_control(where, block)
     return _check_cache_control(where, block)
+
+
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_MAX_IMAGE_BYTES = 5 * 1024 * 1024  # the API's bound on one image
+
+
+def _check_image_block(where: str, block: dict[str, Any]) -> list[str]:
+    """A base64 image as the API takes it: a known media type, data that decodes."""
+    p = _extra_keys(where, block, frozenset({"type", "source", "cache_control"}))
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return [*p, f"{where}.source: Input should be a base64 image source"]
+    p += _extra_keys(f"{where}.source", source, frozenset({"type", "media_type", "data"}))
+    if source.get("media_type") not in _IMAGE_TYPES:
+        p.append(f"{where}.source.media_type: Input should be {', '.join(_IMAGE_TYPES)}")
+    try:
+        data = base64.b64decode(str(source.get("data")), validate=True)
+    except ValueError:
+        return [*p, f"{where}.source.data: The image data is not valid base64"]
+    if len(data) > _MAX_IMAGE_BYTES:
+        p.append(f"{where}.source.data: image exceeds 5 MB maximum")
+    return p + _check_cache_control(where, block)
 
 
 def _check_cache_breakpoints(body: dict[str, Any]) -> list[str]:

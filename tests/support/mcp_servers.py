@@ -3,7 +3,7 @@
 Run as a script::
 
     python tests/support/mcp_servers.py stdio [--long-name] [--odd-names] [--unions] [--live]
-    python tests/support/mcp_servers.py http  [...] [--port N] [--legacy [--session-400]]
+    python tests/support/mcp_servers.py http  [...] [--port N] [--legacy [--session-400] [--tasks]]
     # (http prints "PORT <n>" first)
 
 The low-level server (not ``MCPServer``) because the tests need what a decorator hides:
@@ -20,8 +20,10 @@ uses for its own "connection closed" and "request timeout". ``get_env`` and ``he
 echo what the client configured (an env value, a request header), as a server that
 quotes a token does. ``--odd-names`` adds tool names Anthropic does not take as they are
 (``.``, ``/``, two that map to one name); ``--unions`` adds input schemas with a
-top-level ``anyOf`` / ``oneOf`` / ``allOf``. ``--legacy`` speaks only the handshake-era
-protocol (no ``server/discover``), whose streamable HTTP has sessions, as
+top-level ``anyOf`` / ``oneOf`` / ``allOf``; ``--tasks`` adds a tool whose
+``execution.taskSupport`` is "required" and one where it is "optional" (the field is
+in the 2025-11-25 protocol only, so it shows with ``--legacy``). ``--legacy`` speaks only
+the handshake-era protocol (no ``server/discover``), whose streamable HTTP has sessions, as
 server-everything and TypeScript SDK servers do. ``--session-400`` answers a request on a
 session this process does not know as the TypeScript SDK's README handler does (400,
 -32000), instead of the Python SDK's 404.
@@ -33,6 +35,8 @@ session, a ``ToolsListChanged`` event to the ``subscriptions/listen`` streams on
 the handshake, while FILE does not exist: a server that is down until the test says.
 ``--mark FILE --await OTHER`` creates FILE, then answers nothing until OTHER exists: two
 servers that each await the other's mark come up only when they are started together.
+``--401-if FILE`` (http) answers every request with 401 and a ``WWW-Authenticate``
+challenge while FILE exists: a server whose token stopped being accepted.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 PAGE_SIZE = 2  # small, so that the client has to follow next_cursor
 LONG_NAME = "x" * 60  # mcp__demo__ + 60 characters > Anthropic's 64
+# A 1x1 PNG (69 bytes): what the model API takes as an image.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 LONE = "@LONE@"  # becomes \ud800 on the wire: both are 6 bytes, so lengths still hold
 
 _descriptions = {
@@ -126,6 +132,14 @@ UNIONS: dict[str, dict[str, Any]] = {
         "anyOf": [{"type": "string"}, {"type": "object", "properties": {}}],
     },
 }
+TASKS = {
+    "long_report": "Build a report, only as an MCP task (taskSupport required).",
+    "quick_report": "Build a report, as a task or not (taskSupport optional).",
+}
+_executions = {
+    "long_report": types.ToolExecution(task_support="required"),
+    "quick_report": types.ToolExecution(task_support="optional"),
+}
 _schemas: dict[str, dict[str, Any]] = {
     "echo": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
     "add": {
@@ -167,7 +181,9 @@ def _tool_names(long_name: bool) -> list[str]:
     return [n for n in _descriptions if (long_name or n != LONG_NAME) and n not in _removed]
 
 
-def _describe(*, odd_names: bool, unions: bool) -> None:
+def _describe(*, odd_names: bool, unions: bool, tasks: bool = False) -> None:
+    if tasks:
+        _descriptions.update(TASKS)
     if odd_names:
         _descriptions.update(ODD_NAMES)
     if unions:
@@ -185,8 +201,9 @@ def build_server(
     unions: bool = False,
     legacy: bool = False,
     live: bool = False,
+    tasks: bool = False,
 ) -> Server[Any]:
-    _describe(odd_names=odd_names, unions=unions)
+    _describe(odd_names=odd_names, unions=unions, tasks=tasks)
     if live:
         _descriptions["change"] = "Change the description of a tool, and say so to the client."
         _schemas["change"] = _schemas["redefine"]
@@ -205,6 +222,7 @@ def build_server(
                 description=_descriptions[n],
                 input_schema=_schemas.get(n, {"type": "object", "properties": {}}),
                 annotations=_annotations.get(n),
+                execution=_executions.get(n),
             )
             for n in page
         ]
@@ -238,7 +256,8 @@ def build_server(
                 return types.CallToolResult(
                     content=[
                         types.TextContent(type="text", text="a chart"),
-                        types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png"),
+                        types.ImageContent(type="image", data=PNG, mime_type="image/png"),
+                        types.ImageContent(type="image", data="AAAA", mime_type="image/tiff"),
                         types.EmbeddedResource(
                             type="resource",
                             resource=types.TextResourceContents(
@@ -294,7 +313,7 @@ def build_server(
                 request = getattr(ctx, "request", None)
                 value = request.headers.get(args["name"], "") if request is not None else ""
                 return types.CallToolResult(content=_text(value), is_error=True)
-        if params.name in ODD_NAMES or params.name in UNIONS or params.name == LONG_NAME:
+        if params.name in {**ODD_NAMES, **UNIONS, **TASKS} or params.name == LONG_NAME:
             return types.CallToolResult(content=_text(f"{params.name}: {args}"))
         return types.CallToolResult(content=_text(f"no tool {params.name}"), is_error=True)
 
@@ -385,7 +404,27 @@ def _ts_session_errors(app: Any) -> Any:
     return wrapped
 
 
-async def _serve_http(server: Server[Any], port: int, *, session_400: bool = False) -> None:
+CHALLENGE = 'Bearer resource_metadata="https://auth.example/.well-known/oauth-protected-resource"'
+
+
+def _unauthorized_if(app: Any, path: str) -> Any:
+    """ASGI middleware answering 401 (with :data:`CHALLENGE`) while ``path`` exists."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        # A stat per request, on a test server: not worth a thread.
+        if scope["type"] == "http" and os.path.exists(path):  # noqa: ASYNC240
+            headers = [(b"www-authenticate", CHALLENGE.encode()), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+async def _serve_http(
+    server: Server[Any], port: int, *, session_400: bool = False, unauthorized_if: str = ""
+) -> None:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -399,6 +438,8 @@ async def _serve_http(server: Server[Any], port: int, *, session_400: bool = Fal
     app = _unreadable_bodies(server.streamable_http_app(host="127.0.0.1"))
     if session_400:
         app = _ts_session_errors(app)
+    if unauthorized_if:
+        app = _unauthorized_if(app, unauthorized_if)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])
 
@@ -413,9 +454,11 @@ def main() -> None:
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--session-400", action="store_true")
     parser.add_argument("--live", action="store_true")
+    parser.add_argument("--tasks", action="store_true")
     parser.add_argument("--unless", metavar="FILE")
     parser.add_argument("--mark", metavar="FILE")
     parser.add_argument("--await", dest="awaited", metavar="FILE")
+    parser.add_argument("--401-if", dest="unauthorized_if", metavar="FILE", default="")
     opts = parser.parse_args()
     if opts.unless and not os.path.exists(opts.unless):
         sys.exit(1)
@@ -429,11 +472,19 @@ def main() -> None:
         unions=opts.unions,
         legacy=opts.legacy,
         live=opts.live,
+        tasks=opts.tasks,
     )
     if opts.transport == "stdio":
         anyio.run(_serve_stdio, server)
     else:
-        anyio.run(partial(_serve_http, server, opts.port, session_400=opts.session_400))
+        serve = partial(
+            _serve_http,
+            server,
+            opts.port,
+            session_400=opts.session_400,
+            unauthorized_if=opts.unauthorized_if,
+        )
+        anyio.run(serve)
     # The session is over (stdin closed): skip the interpreter's teardown of the SDK's
     # imports, over a second on a loaded machine, which the client would wait out.
     sys.stdout.flush()

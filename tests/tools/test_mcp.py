@@ -16,7 +16,7 @@ import pytest
 
 from engine.models.scripted import call, say
 from tests.support.approved import results, run_approved
-from tests.support.mcp_servers import LONG_NAME
+from tests.support.mcp_servers import LONG_NAME, PNG
 from tools import RetryableToolError, Tool, ToolContext, ToolError, ToolLoadError
 from tools.errors import OutcomeUnknown
 from tools.mcp import (
@@ -162,17 +162,27 @@ async def test_arguments_are_checked_against_the_servers_schema(source):
         tools["echo"].parse_arguments({})
 
 
-async def test_structured_content_is_kept_and_images_and_resources_are_summarised(source):
+async def test_images_and_text_resources_are_kept_for_the_model_beside_their_summaries(source):
     tools = await opened(source)
     assert await run(tools["picture"], {}) == {
         "text": "a chart",
         "attachments": [
-            {"type": "image", "mime_type": "image/png", "bytes": 6},
+            # A PNG: its base64 is kept, for an image block (engine/context.py).
+            {"type": "image", "mime_type": "image/png", "bytes": 69, "data": PNG},
+            # A media type the Anthropic API does not take: the summary only.
+            {
+                "type": "image",
+                "mime_type": "image/tiff",
+                "bytes": 3,
+                "not_shown": "a media type the model does not take",
+            },
+            # An embedded text resource: its text, inline.
             {
                 "type": "resource",
                 "uri": "file:///report.txt",
                 "mime_type": "text/plain",
                 "bytes": 6,
+                "text": "report",
             },
         ],
     }

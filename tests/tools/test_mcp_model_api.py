@@ -17,10 +17,10 @@ from bot.configured import known_without_connecting
 from bot.doctor import CheckWarning, check_mcp
 from engine.config_file import parse_config
 from tests.bot.test_cli import assert_one_line_error, run_cli
-from tests.tools.test_mcp import SCRIPT, run, stdio
+from tests.tools.test_mcp import SCRIPT, HttpServer, run, stdio
 from tools import Tool, ToolDefinitionError, ToolRegistry
 from tools.mcp import McpSource, current_definitions
-from tools.mcp.config import registered_name
+from tools.mcp.config import McpServerConfig, registered_name
 from tools.mcp.input_schema import COMBINATORS, Unfit, fit_for_the_model
 from tools.schema_tool import schema_tool
 
@@ -225,3 +225,29 @@ def test_config_check_names_an_allowlisted_tool_as_it_will_be_registered():
     text = "tools: {mcp: {kube: {command: k, tools: [pods.list, pods_log]}}}"
     names, unknown = known_without_connecting(parse_config(text, {}))
     assert names == ["mcp__kube__pods_list", "mcp__kube__pods_log"] and unknown == []
+
+
+# --- tools that require MCP tasks (§8) -------------------------------------------------
+
+
+async def test_a_tool_that_requires_mcp_tasks_is_left_out_in_one_warning_line(caplog):
+    # execution.taskSupport exists in the 2025-11-25 protocol (the handshake era) only.
+    server = HttpServer(port=0, flags=("--legacy", "--tasks"))
+    server.start()
+    src = McpSource("demo", McpServerConfig(url=server.url))
+    try:
+        with caplog.at_level(logging.WARNING, logger="tools.mcp"):
+            tools = await opened(src)
+        assert "long_report" not in tools
+        # taskSupport "optional": an ordinary call works, so it is offered.
+        assert await run(tools["quick_report"], {}) == {"text": "quick_report: {}"}
+        reason = (
+            'its execution.taskSupport is "required" (it runs only as an MCP task), '
+            "and tools that require MCP tasks are not offered yet"
+        )
+        assert src.left_out == [f"'long_report': {reason}"]
+        [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warning == f"mcp tool left out server=demo tool=long_report reason={reason}"
+    finally:
+        await src.close()
+        server.stop()

@@ -63,6 +63,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TextIO
 
 import anyio
@@ -76,7 +77,7 @@ from pydantic import ValidationError
 
 from tools.errors import OutcomeUnknown, ToolError
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig
-from tools.mcp.errors import McpUnavailable
+from tools.mcp.errors import McpUnauthorized, McpUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ Op = Callable[[Client], Awaitable[Any]]
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 _CLOSE_TIMEOUT_S = 10.0  # stdio shutdown alone may take 2 s grace + 2 s SIGTERM + 2 s SIGKILL
 _CLIENT_INFO = types.Implementation(name="opsloop", version="1")
+_MAX_CHALLENGE = 500  # of a WWW-Authenticate header quoted in an error
 _LISTEN_BACKOFF_S = (1.0, 60.0)  # a dropped change stream is reopened after 1, 2, 4… 60 s
 
 
@@ -103,6 +105,7 @@ class _Request:
     answers: set[tuple[int, str]] = field(default_factory=set)
     stale_session: int | None = None  # the HTTP 4xx status a request on a session got
     retry: bool = True  # may it run again on a new session when its session is gone?
+    unauthorized: str | None = None  # WWW-Authenticate of a 401 it got ("" without one)
 
     def warn(self, msg: str, *args: Any) -> None:
         """Note a warning about this request; ``McpConnection.request`` logs it in the
@@ -126,6 +129,7 @@ class _Worker:
     draining: bool = False  # retired: the requests it has are let finish, not cancelled
     inflight: set[_Request] = field(default_factory=set)
     listening: anyio.CancelScope | None = None  # of its change stream, when it keeps one
+    unauthorized: str | None = None  # WWW-Authenticate of a 401 it got ("" without one)
 
     def stop(self) -> None:
         """End the session now, cancelling what runs on it."""
@@ -271,6 +275,8 @@ class McpConnection:
         finally:
             worker.broken = True
             reason = self._describe(error) if error is not None else "the session was closed"
+            if worker.unauthorized is not None:
+                reason = self._unauthorized(worker.unauthorized)
             opened = worker.ready.done()  # else whoever waits to connect says why not
             if error is not None:
                 if opened:
@@ -279,7 +285,10 @@ class McpConnection:
             if opened and not self._closed and self.on_session_ended is not None:
                 self.on_session_ended()
             if not opened:
-                worker.ready.set_exception(McpUnavailable(reason))
+                unauthorized = worker.unauthorized is not None
+                worker.ready.set_exception(
+                    (McpUnauthorized if unauthorized else McpUnavailable)(reason)
+                )
             pending = list(worker.inflight)
             while not worker.queue.empty():
                 if (req := worker.queue.get_nowait()) is not None:
@@ -295,7 +304,7 @@ class McpConnection:
                 httpx2.AsyncClient(
                     headers=server.plain_headers(),
                     timeout=_HTTP_TIMEOUT,
-                    event_hooks={"response": [_watch_response]},
+                    event_hooks={"response": [_watch_response, partial(_note_401, worker)]},
                 )
             )
             transport: Any = _watched(streamable_http_client(server.url, http_client=http))
@@ -387,7 +396,14 @@ class McpConnection:
                 if not req.future.done():
                     req.future.set_result(result)
         except Exception as exc:
-            if req.stale_session is not None:
+            if req.unauthorized is not None:
+                # Refused before it ran (so never an unknown outcome), and not a session
+                # the server forgot: the next request reconnects and asks again.
+                mapped: ToolError = McpUnauthorized(self._unauthorized(req.unauthorized))
+                req.warn("mcp request unauthorized server=%s", self.name)
+                self.mark_down(str(mapped))
+                worker.retire()
+            elif req.stale_session is not None:
                 mapped = self._session_gone(worker, req, exc)
             else:
                 mapped = self._map(exc, req)
@@ -467,6 +483,11 @@ class McpConnection:
             return McpUnavailable(self._describe(exc))
         return ToolError(self._describe(exc))
 
+    def _unauthorized(self, challenge: str) -> str:
+        said = f"WWW-Authenticate: {challenge}" if challenge else "no WWW-Authenticate header"
+        text = f"401: this server needs authorization ({' '.join(said.split())})"
+        return f"MCP server {self.name!r}: {self.server.redact(text)}"
+
     def _describe(self, exc: BaseException) -> str:
         leaf = _leaf(exc)
         detail = " ".join(str(leaf).split())
@@ -495,6 +516,17 @@ def _timed_out(cause: BaseException | None) -> bool:
 def _is_tool_call(item: Any) -> bool:
     message = getattr(item, "message", None)
     return isinstance(message, types.JSONRPCRequest) and message.method == "tools/call"
+
+
+async def _note_401(worker: _Worker, response: httpx2.Response) -> None:
+    """httpx response hook: a 401 means the server wants authorization, which opsloop
+    does not do (no OAuth yet): the errors then say so instead of "unreachable"."""
+    if response.status_code == 401:
+        challenge = response.headers.get("www-authenticate", "")[:_MAX_CHALLENGE]
+        worker.unauthorized = challenge
+        req = _serving.get()
+        if req is not None:
+            req.unauthorized = challenge
 
 
 async def _watch_response(response: httpx2.Response) -> None:

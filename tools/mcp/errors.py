@@ -9,6 +9,7 @@ Tree::
     RetryableToolError
     +-- McpUnavailable        the server is down or the connection dropped before a tool call
                               went out (connecting, the definition check); the next call reconnects
+        +-- McpUnauthorized   the server answered 401: it needs authorization (no OAuth yet)
 
 A tool call whose ``tools/call`` went out before the connection dropped (or its answer
 timed out) raises ``tools.errors.OutcomeUnknown`` instead: the server may have run it.
@@ -37,3 +38,9 @@ class DefinitionChanged(ToolError):
 class McpUnavailable(RetryableToolError):
     """The MCP server cannot be reached now (down, crashed, connection dropped) and no
     tool call was sent: retrying cannot repeat an effect."""
+
+
+class McpUnauthorized(McpUnavailable):
+    """The server answered HTTP 401: it wants authorization opsloop does not give (no
+    OAuth yet; a ``headers:`` token it refuses). The message quotes its
+    ``WWW-Authenticate``. Nothing ran; a later try asks again (a token may be fixed)."""

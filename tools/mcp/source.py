@@ -13,7 +13,9 @@ is mapped to its alphabet (``config.registered_name``; the server is called by i
 name), a top-level union in an input schema is flattened for the model while arguments
 are still checked against the server's schema (``input_schema``). A tool that cannot be
 offered (a schema that is not about objects, a name two of its tools map to) is left
-out with one warning line, and ``left_out`` says which for ``doctor``.
+out with one warning line, and ``left_out`` says which for ``doctor``. So is a tool
+whose ``execution.taskSupport`` is "required": it answers only as an MCP task, which
+opsloop does not run yet (every call of it would fail).
 
 Definitions are live in a serving process (``connect`` then ``serve``, see keeper.py): a
 server down at startup is served without, and its tools join when it comes up; a
@@ -39,7 +41,7 @@ from tools.errors import ToolDefinitionError, ToolError
 from tools.mcp import keeper
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, registered_name, server_name
 from tools.mcp.connection import McpConnection
-from tools.mcp.errors import DefinitionChanged, McpLoadError, McpUnavailable
+from tools.mcp.errors import DefinitionChanged, McpLoadError, McpUnauthorized, McpUnavailable
 from tools.mcp.input_schema import COMBINATORS, Unfit, fit_for_the_model
 from tools.mcp.results import tool_output
 from tools.registry import Tool, ToolRegistry
@@ -48,6 +50,10 @@ from tools.schema_tool import SchemaArguments, schema_tool
 log = logging.getLogger(__name__)
 
 _MAX_PAGES = 100  # a paginator that never ends cannot hang startup or a call
+_NEEDS_TASKS = (
+    'its execution.taskSupport is "required" (it runs only as an MCP task), '
+    "and tools that require MCP tasks are not offered yet"
+)
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,8 @@ class McpSource:
         any other exception as it is."""
         if isinstance(exc, McpLoadError):
             return exc
+        if isinstance(exc, McpUnauthorized):  # reached: it says why it refuses
+            return self._load_error(f"answered {self._detail(exc)}")
         if isinstance(exc, McpUnavailable | TimeoutError):
             return self._load_error(f"unreachable at startup: {self._detail(exc)}")
         if isinstance(exc, ToolError):
@@ -351,6 +359,8 @@ class McpSource:
         except Unfit as exc:
             schema, unfit = object_schema(raw), str(exc)
         flattened = unfit is None and any(word in raw for word in COMBINATORS)
+        if remote.execution is not None and remote.execution.task_support == "required":
+            unfit = _NEEDS_TASKS
         return _Definition(
             remote=remote.name,
             name=registered_name(self.server_name, remote.name),
