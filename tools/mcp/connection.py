@@ -64,7 +64,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 import anyio
 import httpx2
@@ -629,12 +629,30 @@ def _inflater(encoding: str) -> Any:
     return None
 
 
-class _CallNotingStream:
-    """The transport's write stream; notes on the request being served that its
-    ``tools/call`` went out. A write the closed stream refused did not go out."""
+class _Delegating:
+    """A transport stream wrapped to note something as messages pass; everything else
+    is the wrapped stream's."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _CallNotingStream(_Delegating):
+    """The transport's write stream; notes on the request being served that its
+    ``tools/call`` went out. A write the closed stream refused did not go out."""
 
     async def send(self, item: Any, /) -> None:
         req = _serving.get()
@@ -651,26 +669,13 @@ class _CallNotingStream:
             req.sent = False
             raise
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
-    async def __aenter__(self) -> _CallNotingStream:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        return await self._inner.__aexit__(*exc_info)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _AnswerNotingStream:
+class _AnswerNotingStream(_Delegating):
     """The stdio transport's read stream; notes each error response on the request
     that sent its id (everything on it was written by the server)."""
 
     def __init__(self, inner: Any, worker: _Worker) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._worker = worker
 
     def _note(self, item: Any) -> Any:
@@ -690,19 +695,6 @@ class _AnswerNotingStream:
 
     async def receive(self) -> Any:
         return self._note(await self._inner.receive())
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _AnswerNotingStream:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        return await self._inner.__aexit__(*exc_info)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 @asynccontextmanager
