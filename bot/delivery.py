@@ -24,6 +24,13 @@ second post. A post outside the thread (an expiry escalated to a channel) is loo
 in that channel (conversations.history); one Slack refuses there for good goes in the
 thread instead.
 
+Each run (from an input to the next stop) is one streamed plan message instead of its
+lines (DESIGN, "The thread as a live plan"): :mod:`bot.plan_outbox` says which runs and
+where each stands, :mod:`bot.stream` does their Slack side within the same passes, in
+log order with the posts (a run's plan above the card it stops at). Its receipts are
+recorded as posts' are, and a pass's look back also finds a plan message started
+without its receipt.
+
 A thread an alert opened is stored before it has a place in Slack (its root is a
 placeholder, ``engine.alerts.pending_root``): its first post is the alert, at the top of
 the channel, and the thread then moves to that post (``Store.set_root``) before anything
@@ -42,11 +49,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import stream
 from bot.oncall import OnCall
 from bot.outbox import (
     Outbound,
@@ -57,9 +63,13 @@ from bot.outbox import (
     shown_event,
     shown_upto,
 )
+from bot.plan_outbox import PlanRun, plan_runs
 from bot.render.notification import fallback_text
 from bot.render.oncall import OnCallNow
+from bot.slack_calls import Stop as _Stop
+from bot.slack_calls import call, refusal, surely_not_done
 from bot.slack_metrics import instrument
+from bot.stream import ROTATE_AFTER_S, DisplayMode, PlanMessages
 from engine import events as ev
 from engine import faults
 from engine.alerts import is_pending_root
@@ -72,7 +82,6 @@ from engine.store import Store, ThreadInfo
 
 log = logging.getLogger("opsloop.delivery")
 
-MAX_INLINE_RETRIES = 3  # 429s waited out within one call
 MAX_RETRY_S = 300.0
 MAX_RETRIES = 10  # in-process retries in a row; then the next deliver call or a restart
 _MAX_STEPS = 1000  # Slack calls per pass; the next pass does the rest
@@ -81,12 +90,8 @@ _MAX_HISTORY_PAGES = 10  # of a channel, looking for a post made outside the thr
 ROOT_LOOKBACK_S = 600.0  # an alert's root post is looked for from this long before it
 
 
-class _Stop(Exception):
-    """Delivering this thread stops for now; a later pass goes on after ``retry_in``."""
-
-    def __init__(self, why: str, retry_in: float | None = None) -> None:
-        super().__init__(why)
-        self.retry_in = retry_in
+Receipt = ev.MessagePosted | ev.StreamStopped  # what a pass records
+Planned = tuple[PlanRun, stream.Step]  # a run's plan message and what it needs next
 
 
 class Delivery:
@@ -99,7 +104,10 @@ class Delivery:
     ``retry_base``: first delay of the in-process retry of a pass a Slack error stopped
     (None: only the next ``deliver`` call retries). ``on_call``: who is on call, for
     the ``oncall:`` approvers a card shows and a reminder or an escalation mentions
-    (None: no PagerDuty here; they are said to reach nobody).
+    (None: no PagerDuty here; they are said to reach nobody). ``live_plan``: each run
+    is one streamed plan message where Slack allows (False: a line per call and answer,
+    as before plans); ``task_display_mode`` and ``rotate_after`` (seconds a stream
+    segment lives): see :class:`bot.stream.PlanMessages`.
     """
 
     def __init__(
@@ -114,6 +122,9 @@ class Delivery:
         retry_base: float | None = 2.0,
         clock: Callable[[], datetime] = ev.utcnow,
         on_call: OnCall | None = None,
+        live_plan: bool = True,
+        task_display_mode: DisplayMode = "plan",
+        rotate_after: float = ROTATE_AFTER_S,
     ) -> None:
         self.store = store
         self.on_call = on_call
@@ -134,7 +145,10 @@ class Delivery:
         # In-process facts; they only save Slack calls. After a restart all are unknown.
         self._looked: dict[str, None] = {}  # threads looked up in Slack, oldest first
         # Where each thread is in Slack (its key never changes): read once per process.
-        self._where: dict[str, tuple[str, str]] = {}  # thread id -> (channel, root ts)
+        self._where: dict[str, _Where] = {}  # thread id -> (channel, root ts, team)
+        self.plans = PlanMessages(
+            live=live_plan, display_mode=task_display_mode, rotate_after=rotate_after
+        )
         self._unsure: set[str] = set()  # a post's outcome is unknown: look before posting
         # Events whose receipts were handed to the runner, per thread: until the log has
         # them (the runner may die first), a post may be in Slack without its receipt.
@@ -158,7 +172,7 @@ class Delivery:
     async def _deliver(self, thread_id: str) -> int:
         async with self._exclusive(thread_id):
             events = await self.store.select_events(thread_id)
-            if not self._pending(events):
+            if not self._due(thread_id, events):
                 return 0
             info = await self.store.get_thread(thread_id)
             now = self.clock()
@@ -175,7 +189,7 @@ class Delivery:
                 self._retry_later(thread_id, max(0.5, until.total_seconds() + 0.5))
                 return 0
             async with lease:
-                sink = _ToLog(self.store, events, lease)
+                sink = _ToLog(self.store, events, lease, self.clock)
                 run = _Pass(self, await self._slack_thread(thread_id, info), sink)
                 try:
                     # The log only grows: what others appended before we held the lease.
@@ -192,7 +206,7 @@ class Delivery:
 
     async def show(
         self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
-    ) -> list[ev.MessagePosted]:
+    ) -> list[Receipt]:
         """Show what ``thread_id`` has to show under the lease its runner holds, and
         return the receipts for the runner to append (the engine's ``FrontDoor``).
 
@@ -206,7 +220,7 @@ class Delivery:
             log = list(events)
             if not log or log[0].seq != 1 or log[-1].seq != state.last_seq:
                 log = await self.store.select_events(thread_id)
-            if not self._pending(log):
+            if not self._due(thread_id, log):
                 return []
             sink = _ToRunner(self, thread_id, log)
             run = _Pass(self, await self._slack_thread(thread_id), sink)
@@ -239,8 +253,25 @@ class Delivery:
 
     # --- internals ------------------------------------------------------------------
 
-    def _pending(self, events: Sequence[ev.AnyEvent]) -> list[Outbound]:
-        return pending_deliveries(events, reviewers=self.reviewers)
+    def _pending(self, events: Sequence[ev.AnyEvent], channel: str | None) -> list[Outbound]:
+        """The posts and updates still due (``channel``: the thread's, None if not known
+        yet: then as if it took streams)."""
+        live = self.plans.live(channel) if channel is not None else self.plans.live_plan
+        return pending_deliveries(events, reviewers=self.reviewers, live_plan=live)
+
+    def _planned(self, events: Sequence[ev.AnyEvent], channel: str | None) -> list[Planned]:
+        """The plan messages with something to do now, and what."""
+        live = self.plans.live(channel) if channel is not None else self.plans.live_plan
+        now = self.clock()
+        return [
+            (plan, step)
+            for plan in plan_runs(events, live_plan=live)
+            if (step := self.plans.step(plan, now)) is not None
+        ]
+
+    def _due(self, thread_id: str, events: Sequence[ev.AnyEvent]) -> bool:
+        channel = where[0] if (where := self._where.get(thread_id)) else None
+        return bool(self._pending(events, channel) or self._planned(events, channel))
 
     async def _slack_thread(self, thread_id: str, info: ThreadInfo | None = None) -> _SlackThread:
         """The thread in Slack. Its place never changes: read from its row once per
@@ -248,7 +279,7 @@ class Delivery:
         where = self._where.pop(thread_id, None)
         if where is None:
             info = info or await self.store.get_thread(thread_id)
-            where = (info.channel, info.root_ts)
+            where = (info.channel, info.root_ts, info.team)
         if is_pending_root(where[1]):  # an alert's root, not posted yet: it will move
             return _SlackThread(self, thread_id, *where)
         self._where[thread_id] = where  # the least recently used is forgotten first
@@ -307,42 +338,13 @@ class Delivery:
     async def _call(
         self, method: str, send: Callable[..., Awaitable[Any]], where: str, **kwargs: Any
     ) -> Any:
-        """One Web API call; 429s up to ``max_inline_wait`` are waited out, any other
-        failure is logged (``where``: thread and event, never the token) as ``_Stop``."""
-        for attempt in range(MAX_INLINE_RETRIES + 1):
-            try:
-                return await send(**kwargs)
-            except SlackApiError as exc:
-                status = exc.response.status_code
-                if status == 429:
-                    wait = _retry_after(exc.response.headers)
-                    if wait <= self.max_inline_wait and attempt < MAX_INLINE_RETRIES:
-                        log.info("rate limited method=%s %s wait=%.1fs", method, where, wait)
-                        await asyncio.sleep(wait)
-                        continue
-                    log.warning("rate limited method=%s %s retry_after=%.0fs", method, where, wait)
-                    raise _Stop("ratelimited", retry_in=wait) from exc
-                data = exc.response.data
-                error = data.get("error") if isinstance(data, dict) else None
-                log.warning(
-                    "slack error method=%s %s status=%s error=%s", method, where, status, error
-                )
-                raise _Stop(str(error or status)) from exc
-            except (aiohttp.ClientError, TimeoutError, OSError, SlackClientError) as exc:
-                log.warning("slack call failed method=%s %s error=%r", method, where, exc)
-                raise _Stop(type(exc).__name__) from exc
-        raise AssertionError("unreachable")
-
-
-def _retry_after(headers: Any) -> float:
-    for key, value in (headers or {}).items():
-        if key.lower() == "retry-after":
-            with contextlib.suppress(ValueError):
-                return max(0.0, float(value))
-    return 1.0
+        """One Web API call (:func:`bot.slack_calls.call`): 429s up to
+        ``max_inline_wait`` waited out, any other failure a ``_Stop``."""
+        return await call(method, send, where, self.max_inline_wait, **kwargs)
 
 
 Posted = tuple[str, str]  # a message's ts and channel
+_Where = tuple[str, str, str]  # a thread's channel, root ts and team
 
 
 class _SlackThread:
@@ -350,11 +352,14 @@ class _SlackThread:
     updates its messages, through the delivery's clients (``_call``: 429s waited out,
     any other failure a ``_Stop``)."""
 
-    def __init__(self, d: Delivery, thread_id: str, channel: str, root_ts: str) -> None:
+    def __init__(
+        self, d: Delivery, thread_id: str, channel: str, root_ts: str, team: str = ""
+    ) -> None:
         self.d = d
         self.thread_id = thread_id
         self.channel = channel
         self.root_ts = root_ts
+        self.team = team
 
     @property
     def unrooted(self) -> bool:
@@ -369,11 +374,11 @@ class _SlackThread:
         await self.d.store.set_root(self.thread_id, self.root_ts, ts)
         self.root_ts = ts
         self.d._where.pop(self.thread_id, None)
-        self.d._where[self.thread_id] = (self.channel, ts)
+        self.d._where[self.thread_id] = (self.channel, ts, self.team)
 
-    async def look_back(self, wanted: list[str]) -> dict[str, dict[str, Any]]:
-        """The first message in the thread showing each event of ``wanted``, by its id."""
-        found: dict[str, dict[str, Any]] = {}
+    async def replies(self) -> list[dict[str, Any]]:
+        """The thread's messages, with their metadata."""
+        messages: list[dict[str, Any]] = []
         cursor: str | None = None
         while True:
             page = await self.d._call(
@@ -386,13 +391,21 @@ class _SlackThread:
                 limit=200,
                 cursor=cursor,
             )
-            for message in page.get("messages") or []:
-                event_id = shown_event(message, self.thread_id)
-                if event_id in wanted and isinstance(message.get("ts"), str):
-                    found.setdefault(event_id, message)
+            messages += [m for m in page.get("messages") or [] if isinstance(m, dict)]
             cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor or not page.get("has_more", True):
-                return found
+                return messages
+
+    def showing(
+        self, messages: list[dict[str, Any]], wanted: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """The first message of ``messages`` showing each event of ``wanted``, by its id."""
+        found: dict[str, dict[str, Any]] = {}
+        for message in messages:
+            event_id = shown_event(message, self.thread_id)
+            if event_id in wanted and isinstance(message.get("ts"), str):
+                found.setdefault(event_id, message)
+        return found
 
     async def look_in_channel(
         self, channel: str, event_id: str, since: str
@@ -415,7 +428,7 @@ class _SlackThread:
                     cursor=cursor,
                 )
             except _Stop as stop:
-                if _refusal(stop) is None:
+                if refusal(stop) is None:
                     raise
                 return None
             for message in page.get("messages") or []:
@@ -461,7 +474,7 @@ class _SlackThread:
                 **message,
             )
         except BaseException as exc:
-            if not _surely_not_done(exc):
+            if not surely_not_done(exc):
                 self.d._unsure.add(self.thread_id)  # it may have been posted
             raise
         faults.hit("slack_posted")  # crash tests: Slack has it, our log does not yet
@@ -491,7 +504,7 @@ class _ToRunner:
         self.d = d
         self.thread_id = thread_id
         self.events = events
-        self.handed: list[ev.MessagePosted] = []
+        self.handed: list[Receipt] = []
 
     def check(self) -> None:
         """The runner stops the turn when its lease is lost; nothing to check here."""
@@ -499,9 +512,10 @@ class _ToRunner:
     async def catch_up(self) -> list[ev.AnyEvent]:
         return []  # the runner's log as it was; its receipts are drafts
 
-    async def record(self, receipts: list[ev.MessagePosted]) -> None:
+    async def record(self, receipts: list[Receipt]) -> None:
         self.handed += receipts
-        self.d._handed.setdefault(self.thread_id, set()).update(r.shows_event_id for r in receipts)
+        shown = (r.shows_event_id for r in receipts if isinstance(r, ev.MessagePosted))
+        self.d._handed.setdefault(self.thread_id, set()).update(shown)
         self.events.extend(receipts)
 
 
@@ -509,12 +523,19 @@ class _ToLog:
     """Receipts of a pass under a lease of its own: appended to the log, re-reading past
     what another writer (a click, a reply) appended meanwhile."""
 
-    def __init__(self, store: Store, events: list[ev.AnyEvent], lease: Lease) -> None:
+    def __init__(
+        self,
+        store: Store,
+        events: list[ev.AnyEvent],
+        lease: Lease,
+        clock: Callable[[], datetime] = ev.utcnow,
+    ) -> None:
         self.store = store
         self.thread_id = lease.thread_id
         self.events = events
         self.state = reduce(events)
         self.lease = lease
+        self.clock = clock  # stamps the receipts, as the runner's stamps its batches
 
     def check(self) -> None:
         if self.lease.lost.is_set():
@@ -526,25 +547,32 @@ class _ToLog:
         self.state = reduce(tail, self.state)
         return tail
 
-    async def record(self, receipts: list[ev.MessagePosted]) -> None:
+    async def record(self, receipts: list[Receipt]) -> None:
         todo = list(receipts)
 
         async def reread() -> None:
             tail = await self.catch_up()
-            have = {(e.shows_event_id, e.ts) for e in tail if isinstance(e, ev.MessagePosted)}
-            todo[:] = [r for r in todo if (r.shows_event_id, r.ts) not in have]
+            have = {_same(e) for e in tail if isinstance(e, ev.MessagePosted | ev.StreamStopped)}
+            todo[:] = [r for r in todo if _same(r) not in have]
 
         async def once() -> None:
             if not todo:
                 return
             done = await self.store.append(
-                self.thread_id, self.state.last_seq, todo, state=self.state
+                self.thread_id, self.state.last_seq, todo, state=self.state, now=self.clock()
             )
             assert done.state is not None
             self.events.extend(done.events)
             self.state = done.state
 
         await retrying(once, reread=reread)
+
+
+def _same(receipt: Receipt) -> tuple[str, str, str]:
+    """What makes two receipts the same record."""
+    if isinstance(receipt, ev.StreamStopped):
+        return ("stopped", "", receipt.ts)
+    return (receipt.kind, receipt.shows_event_id, receipt.ts)
 
 
 class _Pass:
@@ -560,45 +588,74 @@ class _Pass:
 
     async def run(self) -> int:
         events = self.sink.events
-        look = self._must_look(self.d._pending(events))
+        channel = self.slack.channel
+        look = self._must_look(self.d._pending(events, channel), self.d._planned(events, channel))
         self.d._handed.pop(self.thread_id, None)  # looked at: what is still due is in todo
         for _ in range(_MAX_STEPS):
-            todo = self.d._pending(events)
-            if not todo:
+            todo = self.d._pending(events, self.slack.channel)
+            plans = self.d._planned(events, self.slack.channel)
+            starts = [plan for plan, step in plans if step == "start"]
+            if not todo and not plans:
                 if not await self.sink.catch_up():  # nothing appended meanwhile: done
                     break
-            elif look and any(item.kind == "post" for item in todo):
-                await self._look_in_slack(todo)
+            elif look and (any(item.kind == "post" for item in todo) or starts):
+                await self._look_in_slack(todo, starts)
                 look = False
+            elif plans and (not todo or plans[0][0].index < self._place(todo[0], events)):
+                plan, step = plans[0]
+                with bind(thread_id=self.thread_id, event_id=plan.run.start.event_id):
+                    await stream.show(self, plan, step)
             else:
                 await self._show(todo[0])
         else:
             raise _Stop("more to show than one pass does", retry_in=0.0)
         return self.made
 
-    def _must_look(self, todo: list[Outbound]) -> bool:
-        """Whether a post of ``todo`` may be in Slack without its receipt: not looked
-        since this process started, a post's outcome unknown, receipts handed to the
-        runner that the log does not have, or an event older than a lease (a deliverer
-        may have died holding it, after posting)."""
+    @staticmethod
+    def _place(item: Outbound, events: list[ev.AnyEvent]) -> float:
+        """Where ``item`` goes among the runs' plan messages: the status message first
+        (and its updates last), anything else after the runs that began before it."""
+        if item.status is not None:
+            return -1 if item.kind == "post" else float("inf")
+        eid = item.event.event_id
+        return next((i for i, e in enumerate(events) if e.event_id == eid), float("inf"))
+
+    async def record(self, receipts: list[Receipt]) -> None:
+        """Record what this pass showed; if that fails, it is in Slack without a receipt."""
+        try:
+            await self.sink.record(receipts)
+        except BaseException:
+            self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
+            raise
+
+    def _must_look(self, todo: list[Outbound], plans: list[Planned]) -> bool:
+        """Whether a post of ``todo`` (or a plan message to start) may be in Slack
+        without its receipt: not looked since this process started, a post's outcome
+        unknown, receipts handed to the runner that the log does not have, or an event
+        older than a lease (a deliverer may have died holding it, after posting)."""
         if self.thread_id not in self.d._looked or self.thread_id in self.d._unsure:
             return True
         handed = self.d._handed.get(self.thread_id, set())
-        if any(item.event.event_id in handed for item in todo):
+        shown = [item.event for item in todo]
+        shown += [plan.run.start for plan, step in plans if step == "start"]
+        if any(e.event_id in handed for e in shown):
             return True
         now = self.d.clock()
-        return any((now - i.event.created_at).total_seconds() > self.d.lease_ttl for i in todo)
+        return any((now - e.created_at).total_seconds() > self.d.lease_ttl for e in shown)
 
-    async def _look_in_slack(self, todo: list[Outbound]) -> None:
+    async def _look_in_slack(self, todo: list[Outbound], starts: list[PlanRun]) -> None:
         """Record receipts for the posts already in the Slack thread (for the status
-        message, also the receipt of the last event whose state it shows)."""
+        message, also the receipt of the last event whose state it shows), and for the
+        plan messages of ``starts`` started there (:func:`bot.stream.adopt`)."""
         wanted = [item.event.event_id for item in todo if item.kind == "post"]
+        messages: list[dict[str, Any]] = []
         if self.slack.unrooted:
             found = await self._look_for_root(todo)
         else:
-            found = await self.slack.look_back(wanted)
+            messages = await self.slack.replies()
+            found = self.slack.showing(messages, wanted)
         known = {e.event_id for e in self.sink.events}
-        receipts: list[ev.MessagePosted] = []
+        receipts: list[Receipt] = []
         for eid in (eid for eid in wanted if eid in found):
             ts = found[eid]["ts"]
             upto = shown_upto(found[eid], self.thread_id)
@@ -614,8 +671,20 @@ class _Pass:
                     receipts.append(
                         ev.MessagePosted(shows_event_id=eid, channel=item.channel, ts=there["ts"])
                     )
+        if starts and messages:
+            adopted = stream.adopt(
+                starts,
+                messages,
+                self.sink.events,
+                thread_id=self.thread_id,
+                channel=self.slack.channel,
+                root_ts=self.slack.root_ts,
+            )
+            for found_stream in adopted:
+                self.d.plans.sent.pop(found_stream.ts, None)  # what it holds is not known
+            receipts += adopted
         if receipts:
-            shown = ",".join(r.shows_event_id for r in receipts)
+            shown = ",".join(r.shows_event_id for r in receipts if isinstance(r, ev.MessagePosted))
             log.info(
                 "posts found without receipts thread_id=%s event_ids=%s", self.thread_id, shown
             )
@@ -687,24 +756,19 @@ class _Pass:
             try:
                 ts, channel = await self.slack.post(message, shows, where, item.channel)
             except _Stop as stop:
-                if (refusal := _refusal(stop)) is None:
+                if (refused := refusal(stop)) is None:
                     raise
                 # Refused there for good (not in the channel, archived): in the thread
                 # instead, saying so, rather than never.
-                log.warning("post refused channel=%s %s error=%s", item.channel, where, refusal)
-                message = _message(replace(item, refusal=refusal), link, on_call)
+                log.warning("post refused channel=%s %s error=%s", item.channel, where, refused)
+                message = _message(replace(item, refusal=refused), link, on_call)
                 ts, channel = await self.slack.post(message, shows, where)
         else:
             ts, channel = await self.slack.post(message, shows, where)
         self.made += 1
         # A status message shows the state after status.upto: that event's receipt says so.
         ids = dict.fromkeys([event_id, *([status.upto] if status is not None else [])])
-        receipts = [ev.MessagePosted(shows_event_id=i, channel=channel, ts=ts) for i in ids]
-        try:
-            await self.sink.record(receipts)
-        except BaseException:
-            self.d._unsure.add(self.thread_id)  # shown, but the log does not know it
-            raise
+        await self.record([ev.MessagePosted(shows_event_id=i, channel=channel, ts=ts) for i in ids])
 
 
 def _message(
@@ -712,24 +776,3 @@ def _message(
 ) -> dict[str, Any]:
     blocks = render(item, card_link, on_call)
     return {"text": fallback_text(blocks), "blocks": blocks}
-
-
-def _refusal(stop: _Stop) -> str | None:
-    """Slack's error when it refused a call for good (a 4xx or ``ok: false`` other than a
-    rate limit: not in the channel, no such channel); None for anything worth a retry."""
-    cause = stop.__cause__
-    if not isinstance(cause, SlackApiError):
-        return None
-    status = cause.response.status_code
-    if status == 429 or status >= 500:
-        return None
-    data = cause.response.data
-    error = data.get("error") if isinstance(data, dict) else None
-    return str(error or cause.response.status_code)
-
-
-def _surely_not_done(exc: BaseException) -> bool:
-    """Whether a call that raised ``exc`` was surely not done: Slack said why (a 4xx or
-    ``ok: false``), not a timeout, a lost connection, a 5xx or a cancellation."""
-    cause = exc.__cause__ if isinstance(exc, _Stop) else None
-    return isinstance(cause, SlackApiError) and cause.response.status_code < 500

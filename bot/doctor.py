@@ -50,6 +50,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.configured import check_loading, unmatched_rules
+from bot.mcp_oauth import authorization_link, stored_oauth
 from engine.config import DEFAULT_MODEL, Settings
 from engine.config_file import ConfigFile
 from engine.db import DatabaseConfig, parse_database_url
@@ -277,19 +278,27 @@ async def check_model(settings: Settings) -> str:
 
 
 async def check_mcp(
-    name: str, spec: McpServerConfig, noted: dict[str, list[str] | None] | None = None
+    name: str,
+    spec: McpServerConfig,
+    noted: dict[str, list[str] | None] | None = None,
+    database_url: str | None = None,
 ) -> str:
-    """``noted[name]``: the server's tool names when it listed them, else None."""
+    """``noted[name]``: the server's tool names when it listed them, else None. A server
+    with ``auth:`` uses the tokens serve keeps at ``database_url``; while serve waits for
+    an admin to authorize opsloop, the line is the link to open."""
     noted = {} if noted is None else noted
     noted[name] = None
     source = McpSource(name, spec)
-    try:
-        tools = await source.open()  # McpLoadError: unreachable, allowlist not served
-        now = await source.current_definitions()
-    except ToolError as exc:
-        raise CheckFailed(one_line(exc)) from None
-    finally:
-        await source.close()
+    async with stored_oauth(database_url, [source]) as store:
+        try:
+            tools = await source.open()  # McpLoadError: unreachable, allowlist not served
+            now = await source.current_definitions()
+        except ToolError as exc:
+            if link := await authorization_link(store, name, spec):
+                raise CheckFailed(f"waits for an admin to authorize opsloop: open {link}") from None
+            raise CheckFailed(one_line(exc)) from None
+        finally:
+            await source.close()
     noted[name] = [t.name for t in tools]
     drifted = sorted(t.name for t in tools if now.get(t.name) != t.definition_hash)
     if drifted:
@@ -302,7 +311,8 @@ async def check_mcp(
             f"reachable ({spec.transport}); {len(tools)} tools, definitions stable; "
             f"left out (serve runs without them): {'; '.join(source.left_out)}"
         )
-    return f"reachable ({spec.transport}); {len(tools)} tools, definitions stable"
+    oauth = f"; OAuth {spec.auth.type}" if spec.auth is not None else ""
+    return f"reachable ({spec.transport}); {len(tools)} tools, definitions stable{oauth}"
 
 
 # --- the policy's rules --------------------------------------------------------------
@@ -380,7 +390,8 @@ def checks(
         # The connect (start, initialize, first listing) as serve allows it, then the
         # second listing within the usual check time.
         allowed = CONNECT_TIMEOUT_S + CHECK_TIMEOUT_S
-        found.append((f"mcp {name}", partial(check_mcp, name, spec, noted), allowed))
+        check = partial(check_mcp, name, spec, noted, settings.database_url)
+        found.append((f"mcp {name}", check, allowed))
     return found
 
 

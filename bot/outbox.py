@@ -36,6 +36,10 @@ person at its root: the bot's post of the alert, at the top of the channel, is i
 and its status message at once (updated in place when the status changes or the alert
 resolves); the same alert firing again or resolving is a line in the thread.
 
+Where a run is shown as a plan message (``live_plan``, :mod:`bot.plan_outbox`), its
+calls', retries', result and answer lines are not posted: the plan shows them. Cards,
+reminders, escalations and the status message are posted as ever.
+
 Pure: no I/O here.
 """
 
@@ -48,6 +52,7 @@ from typing import Any, Literal
 
 from bot.limits import Block
 from bot.mrkdwn import USER_ID
+from bot.plan_outbox import plan_shown
 from bot.render.alerts import alert_root
 from bot.render.approval import (
     NO_NOTES,
@@ -81,6 +86,8 @@ OUTCOMES: dict[type[ev.Event], Outcome] = {
     ev.ApprovalEdited: "refused",  # only an edit the policy refuses closes the card
 }
 Card = ev.ApprovalRequested | ev.ToolOutcomeUnknown  # the event a card's metadata names
+# Receipts and clicks on feedback: no step of the thread, so no state a status shows.
+NOT_SHOWN_STATE = (ev.MessagePosted, ev.StreamStopped, ev.FeedbackGiven)
 
 
 @dataclass(frozen=True)
@@ -146,9 +153,13 @@ class Outbound:
 
 
 def pending_deliveries(
-    events: Sequence[ev.AnyEvent], *, reviewers: ReviewerRule = ANYONE
+    events: Sequence[ev.AnyEvent], *, reviewers: ReviewerRule = ANYONE, live_plan: bool = False
 ) -> list[Outbound]:
     """What a whole log still has to show, in log order (pure).
+
+    ``live_plan``: runs not shown yet are shown as plan messages where they can be
+    (:mod:`bot.plan_outbox`), so their calls' and answers' lines are left out; a run
+    with a plan message leaves them out either way.
 
     An event with a receipt is shown. A card update is done when a receipt for the
     closing event carries the card's ts; a cancellation also posts its own line, whose
@@ -159,9 +170,13 @@ def pending_deliveries(
     Receipts carrying its ts say what it shows, so they do not count for lines and cards.
     """
     receipts: dict[str, list[str]] = {}
+    streams = False
     for e in events:
         if isinstance(e, ev.MessagePosted):
-            receipts.setdefault(e.shows_event_id, []).append(e.ts)
+            if e.kind == "stream":  # a plan message: bot.plan_outbox's
+                streams = True
+            else:
+                receipts.setdefault(e.shows_event_id, []).append(e.ts)
     first: ev.UserMessage | ev.AlertReceived | None
     if events and isinstance(events[0], ev.AlertReceived):
         first = events[0]  # the alert that opened the thread: its root post is the status
@@ -170,6 +185,8 @@ def pending_deliveries(
     # The status message's ts: the first receipt of the first user_message carries it.
     status_ts = next((ts for ts in receipts.get(first.event_id, ()) if ts), "") if first else ""
     walk = _Walk(first.actor if isinstance(first, ev.UserMessage) else None)
+    if live_plan or streams:
+        walk.planned = plan_shown(events, live_plan=live_plan)
     status_shows = ThreadState()  # the state the status message shows (see _status)
     for e in events:
         walk.before, walk.state = walk.state, apply(walk.state, e)
@@ -185,7 +202,7 @@ def pending_deliveries(
     out = walk.out
     status = None
     if first is not None:
-        last = next(e for e in reversed(events) if not isinstance(e, ev.MessagePosted))
+        last = next(e for e in reversed(events) if not isinstance(e, NOT_SHOWN_STATE))
         status = _status(first, last, walk.state, status_shows, status_ts, receipts, reviewers)
     if status is not None:
         if status.kind == "post":
@@ -216,6 +233,7 @@ class _Walk:
         self.edits: dict[str, tuple[Edited, ...]] = {}  # the edits of each call, in order
         self.people: frozenset[str] = frozenset()
         self.before = self.state = ThreadState()  # around the event being walked
+        self.planned: set[str] = set()  # events a plan message shows: no line of their own
 
     def post(self, e: ev.AnyEvent) -> None:
         call = self.calls.get(getattr(e, "tool_call_id", None) or "")
@@ -283,8 +301,9 @@ class _Walk:
 
 
 def _line(w: _Walk, e: ev.AnyEvent, shown: list[str]) -> None:
-    """Any type without an entry: a line of its own if people see it as one."""
-    if e.facts.people == "line" and not shown:
+    """Any type without an entry: a line of its own if people see it as one (and no
+    plan message shows it)."""
+    if e.facts.people == "line" and not shown and e.event_id not in w.planned:
         w.post(e)
 
 
@@ -406,8 +425,8 @@ def _thread_cancelled(w: _Walk, e: ev.ThreadCancelled, shown: list[str]) -> None
     for checking in checks:
         w.settle(checking, e, shown)
     card_ts = {ts for _, ts in cards} | {ts for _, ts in checks}
-    if not [ts for ts in shown if ts not in card_ts]:
-        w.post(e)
+    if not [ts for ts in shown if ts not in card_ts] and e.event_id not in w.planned:
+        w.post(e)  # unless the run's plan message says it
 
 
 # What an event does to what the thread shows, keyed by its class (as the reducer's
@@ -645,25 +664,54 @@ def _reconcile(item: Outbound) -> list[Block]:
     )
 
 
-def metadata(thread_id: str, event_id: str, upto: str = "") -> dict[str, Any]:
+def metadata(
+    thread_id: str, event_id: str, upto: str = "", *, stream: bool = False
+) -> dict[str, Any]:
     """The Slack message metadata naming the event a message shows (and for the status
-    message, ``upto``: the last event whose state it shows)."""
+    message, ``upto``: the last event whose state it shows). ``stream``: a plan
+    message's (set when it is stopped), naming the run's input; a post showing that
+    input (the status message) is another message."""
     payload = {"thread_id": thread_id, "event_id": event_id}
     if upto:
         payload["upto"] = upto
+    if stream:
+        payload["kind"] = "stream"
     return {"event_type": METADATA_TYPE, "event_payload": payload}
 
 
 def shown_event(message: dict[str, Any], thread_id: str) -> str | None:
-    """The id of the event of ``thread_id`` that a Slack message's metadata names."""
+    """The id of the event of ``thread_id`` that a Slack post's metadata names (None
+    for a plan message: see :func:`shown_run`)."""
+    payload = _payload(message, thread_id)
+    if payload is None or payload.get("kind") == "stream":
+        return None
+    event_id = payload.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
+def shown_run(message: dict[str, Any], thread_id: str) -> str | None:
+    """The input of the run of ``thread_id`` whose plan message this is, by its metadata."""
+    payload = _payload(message, thread_id)
+    if payload is None or payload.get("kind") != "stream":
+        return None
+    event_id = payload.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
+def is_ours(message: dict[str, Any]) -> bool:
+    """Whether a Slack message carries opsloop's metadata (any thread's)."""
+    meta = message.get("metadata")
+    return isinstance(meta, dict) and meta.get("event_type") == METADATA_TYPE
+
+
+def _payload(message: dict[str, Any], thread_id: str) -> dict[str, Any] | None:
     meta = message.get("metadata")
     if not isinstance(meta, dict) or meta.get("event_type") != METADATA_TYPE:
         return None
     payload = meta.get("event_payload")
     if not isinstance(payload, dict) or payload.get("thread_id") != thread_id:
         return None
-    event_id = payload.get("event_id")
-    return event_id if isinstance(event_id, str) else None
+    return payload
 
 
 def shown_upto(message: dict[str, Any], thread_id: str) -> str | None:

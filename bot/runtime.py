@@ -29,6 +29,7 @@ from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.agent_surface import AgentSurface, FollowingDoor
 from bot.alerts import SlackTeam, add_alert_routes
 from bot.app import build_app, drain, handle_slack_request
 from bot.configured import close_sources, load_tools_of, mcp_servers, open_serving, policy_set
@@ -37,13 +38,14 @@ from bot.github_hooks import add_github_hook_route
 from bot.health import make_health_app, make_metrics_app
 from bot.hooks import add_hook_route
 from bot.loop_thread import AnswersFirst, LoopThread
+from bot.oauth_callback import add_oauth_callback_route
 from bot.oncall import OnCall
 from bot.reviewers import Reviewers
 from bot.slack_metrics import instrument
 from bot.tool_list import serving_tools
 from engine import metrics
 from engine.config import Settings
-from engine.config_file import ConfigFile
+from engine.config_file import ConfigFile, SlackConfig
 from engine.events import utcnow
 from engine.models.anthropic import AnthropicModel
 from engine.models.base import Model
@@ -76,6 +78,7 @@ class Background:
     modules: Sequence[str] = ()
     http: aiohttp.ClientSession | None = None  # delivery's connections to Slack
     catch_up: asyncio.Task[None] | None = None
+    surface: AgentSurface | None = None  # the loading status and agent session
 
     def start(self) -> None:
         self.worker.start()
@@ -92,6 +95,8 @@ class Background:
         except TimeoutError:
             log.warning("threads still running after %.0fs; left to resume", grace)
         await self.delivery.close()
+        if self.surface is not None:
+            await self.surface.close()
         await _close_model(self.model)
         # What the tools opened lives on this loop: closed here, after the worker.
         await close_sources(self.sources)
@@ -99,6 +104,15 @@ class Background:
         if self.http is not None:
             await self.http.close()
         await self.store.close()
+
+
+_RECONNECTING: set[asyncio.Future[None]] = set()
+
+
+def _log_refresh_failure(task: asyncio.Future[None]) -> None:
+    _RECONNECTING.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.info("mcp reconnect after authorization failed: %s", " ".join(str(exc).split()))
 
 
 async def _close_model(model: Model) -> None:
@@ -129,6 +143,20 @@ class Runtime:
     def mcp_servers(self) -> list[McpSource]:
         """The MCP servers it serves (up or down), for ``/metrics`` and ``GET /tools``."""
         return mcp_servers(self.background.sources)
+
+    def reconnect_mcp(self, server: str) -> None:
+        """List ``server``'s tools now (an admin just authorized opsloop for it), on the
+        worker loop where its source lives; a failure is the keeper's to retry."""
+        found = [s for s in self.mcp_servers if s.server_name == server]
+
+        def start() -> None:
+            for source in found:
+                task = asyncio.ensure_future(source.refresh())
+                _RECONNECTING.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(_log_refresh_failure)
+
+        if found:
+            self.thread.call(start)
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -177,18 +205,23 @@ async def _background(
     modules: Sequence[str],
     policy: PolicySet,
     pagerduty: PagerDutyConfig | None = None,
+    plans: SlackConfig | None = None,
 ) -> Background:
     """Built on the worker loop (``LoopThread.run``): its clients and the tool sources
     belong to that loop. A source that cannot start is a ``ToolLoadError``, but for an
     MCP server: that one is served without, and retried in the background.
-    ``pagerduty``: who is on call, for the ``oncall:`` approvers the cards show."""
+    ``pagerduty``: who is on call, for the ``oncall:`` approvers the cards show.
+    ``plans``: how runs' plan messages show (opsloop.yaml's ``slack``)."""
     model = make_model() if make_model is not None else AnthropicModel.from_settings(settings.model)
     try:
-        await open_serving(sources, tools)
+        # The store first: an MCP server's OAuth keeps its tokens there (tools/mcp/auth.py).
+        store = await open_store(settings.database_url, origin=owner)
+        for server in mcp_servers(sources):
+            server.keep_oauth_in(store)
         try:
-            store = await open_store(settings.database_url, origin=owner)
+            await open_serving(sources, tools)
         except BaseException:
-            await close_sources(sources)
+            await store.close()
             raise
     except BaseException:
         await _close_model(model)
@@ -207,14 +240,20 @@ async def _background(
         reviewers=settings.reviewers,
         lease_ttl=settings.runner.lease_ttl_s,
         on_call=on_call(pagerduty, client, http),
+        task_display_mode=(plans or SlackConfig()).task_display_mode,
+        rotate_after=(plans or SlackConfig()).stream_rotate_after,
     )
+    # The thread's loading status and agent session follow what delivery shows, each
+    # model call and each thread at rest (so they clear when a run stops).
+    surface = AgentSurface(client)
+    door = FollowingDoor(delivery, surface, store)
     runner = Runner(
         store,
         model,
         tools,
         settings.runner,
         owner=owner,
-        front_door=delivery,
+        front_door=door,
         policy=policy,
         # Each step waits while Slack requests are being answered (as each run does):
         # under a burst of mentions the acks keep the interpreter to themselves.
@@ -225,11 +264,11 @@ async def _background(
     worker = Worker(
         runner,
         interval=settings.sweep_seconds,
-        after_run=delivery.deliver,
+        after_run=door.deliver,
         gate=priority.quiet,
         presence=True,
     )
-    background = Background(store, model, worker, delivery, sources, modules, http)
+    background = Background(store, model, worker, delivery, sources, modules, http, surface=surface)
     try:
         await worker.register()
     except BaseException:
@@ -327,6 +366,7 @@ async def start_runtime(
                 modules,
                 policy,
                 pagerduty=pagerduty,
+                plans=config.slack if config is not None else None,
             )
         )
     except BaseException:
@@ -394,6 +434,7 @@ def web_app(runtime: Runtime, *, metrics: bool = True) -> web.Application:
     add_alert_routes(app, runtime.store, runtime.config, SlackTeam(runtime.client), runtime.kick)
     secret = runtime.settings.slack.webhook_secret or None
     add_hook_route(app, runtime.store, secret, runtime.kick)
+    add_oauth_callback_route(app, runtime.store, runtime.reconnect_mcp)
     return app
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.configured import close_sources, load_tools_of, open_sources, policy_set
+from bot.mcp_oauth import stored_oauth
 from engine.config import Settings
 from engine.config_file import ConfigFile
 from engine.rules import PolicySet, matches
@@ -109,11 +110,12 @@ async def list_tools(settings: Settings, config: ConfigFile | None) -> list[Tool
     loaded = load_tools_of(settings, config)
     registry, sources, modules = loaded.tools, loaded.sources, loaded.modules
     policy = policy_set(settings, config)
+    servers = [s for s in sources if isinstance(s, McpSource)]
     try:
-        await open_sources(sources, registry)
-        live: dict[str, dict[str, str]] = {}
-        for source in sources:
-            if isinstance(source, McpSource):
+        async with stored_oauth(settings.database_url, servers):  # serve's tokens, read
+            await open_sources(sources, registry)
+            live: dict[str, dict[str, str]] = {}
+            for source in servers:
                 try:
                     live[source.name] = await current_definitions(source)
                 except ToolError as exc:

@@ -213,6 +213,16 @@ class AlertsConfig(_Model):
     generic: GenericAlertConfig | None = None
 
 
+class SlackConfig(_Model):
+    """``slack:``: how a run's plan message shows (DESIGN, "The thread as a live plan").
+    ``task_display_mode``: ``plan`` (the tasks together) or ``timeline`` (in the order
+    they came); ``stream_rotate_after``: how long one streamed segment lives before a
+    new one continues the plan (Slack ends a stream after about five minutes)."""
+
+    task_display_mode: Literal["plan", "timeline"] = "plan"
+    stream_rotate_after: Duration = Field(default=240.0, ge=30, le=280)
+
+
 # --- the file -----------------------------------------------------------------------------
 
 
@@ -222,6 +232,7 @@ class ConfigFile(_Model):
     policy: list[PolicyRule] = Field(default_factory=list, max_length=MAX_RULES)
     integrations: IntegrationsConfig = Field(default_factory=IntegrationsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
 
     @model_validator(mode="after")
     def _pagerduty_alerts_verifiable(self) -> ConfigFile:

@@ -127,6 +127,9 @@ class _Conversation:
         self.open_call: str | None = None
         self.open_arguments: dict[str, Any] = {}  # the open tool_use's, as the model wrote
         self.parked: list[dict[str, Any]] = []
+        # The call whose attempt is under way (tool_started, not yet ended): a stop then
+        # waits for its result instead of answering it.
+        self.running: str | None = None
         # Edits of a call's arguments before approval, told with its answer (by call id).
         self.edits: dict[str, _Edited] = {}
 
@@ -355,10 +358,14 @@ def _tool_result(conv: _Conversation, e: ev.ToolResult, version: str) -> None:
 
 
 def _wait_finished(conv: _Conversation, e: ev.WaitFinished, version: str) -> None:
+    if e.resumes:  # the call goes on: the outcome of its next attempt answers it
+        return
     conv.answer(e.tool_call_id, _json(e.result, e), ran=True)
 
 
 def _wait_timed_out(conv: _Conversation, e: ev.WaitTimedOut, version: str) -> None:
+    if e.resumes:
+        return
     conv.answer(e.tool_call_id, "Timed out waiting for the job.", error=True, ran=True)
 
 
@@ -376,6 +383,14 @@ def _thread_cancelled(conv: _Conversation, e: ev.ThreadCancelled, version: str) 
 
 def _error(conv: _Conversation, e: ev.ErrorRaised, version: str) -> None:
     conv.close_or_say(f"opsloop error: {e.message}", f"[system] error: {e.message}")
+
+
+def _stop_requested(conv: _Conversation, e: ev.StopRequested, version: str) -> None:
+    note = f"[system] <@{e.user}> stopped the run."
+    if conv.open_call is not None and conv.open_call == conv.running:
+        conv.say(note)  # the running call ends by its own result; the note follows it
+    else:  # a call not started is dropped (engine.state): answered here
+        conv.close_or_say(f"Not run: <@{e.user}> stopped the run before it started.", note)
 
 
 # Keyed by event class: exactly the types whose ``Facts.model`` is true, except
@@ -398,10 +413,16 @@ PROJECTIONS: dict[type[ev.Event], Callable[[_Conversation, Any, str], None]] = {
     ev.WaitFinished: _wait_finished,
     ev.WaitTimedOut: _wait_timed_out,
     ev.ErrorRaised: _error,
+    ev.StopRequested: _stop_requested,
 }
 
 
 def _project_event(conv: _Conversation, e: ev.Event, version: str) -> None:
+    # Whether a call's attempt is under way, for a stop (the model sees neither event).
+    if isinstance(e, ev.ToolStarted):
+        conv.running = e.tool_call_id
+    elif isinstance(e, ev.RetryScheduled | ev.ToolOutcomeUnknown):
+        conv.running = None
     branch = PROJECTIONS.get(type(e))
     if branch is not None:
         branch(conv, e, version)

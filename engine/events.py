@@ -500,6 +500,11 @@ class RetryScheduled(Event):
 
 
 class WaitStarted(Event):
+    """The call waits (a job, a webhook). ``resumes``: the call is not over when the
+    wait ends: its next attempt is handed how it ended (a person's answer to a question
+    the tool asked mid-call, MCP elicitation), and that attempt's outcome is the call's.
+    Such a wait may start under any policy (a person answers it, not a job)."""
+
     type: Literal["wait_started"] = "wait_started"
     facts = Facts(input=False, people="line", model=False, summary="omitted")
     tool_call_id: str
@@ -509,14 +514,19 @@ class WaitStarted(Event):
     wake_at: AwareDatetime
     timeout_at: AwareDatetime
     poll_every_s: float | None = None
+    resumes: bool = False
 
 
 class WaitFinished(Event):
+    """``resumes`` as the wait's ``wait_started`` says (the reducer checks): its result
+    then goes to the call's next attempt, not to the model."""
+
     type: Literal["wait_finished"] = "wait_finished"
     facts = Facts(input=True, people="line", model=True, summary="step")
     tool_call_id: str
     wait_id: str
     result: JsonDict = Field(default_factory=dict)
+    resumes: bool = False
 
 
 class WaitTimedOut(Event):
@@ -524,6 +534,7 @@ class WaitTimedOut(Event):
     facts = Facts(input=False, people="line", model=True, summary="step")
     tool_call_id: str
     wait_id: str
+    resumes: bool = False
 
 
 # --- the system ---------------------------------------------------------------------
@@ -539,13 +550,49 @@ class ErrorRaised(Event):
 
 
 class MessagePosted(Event):
-    """A delivery receipt: the front door showed event ``shows_event_id`` to people."""
+    """A delivery receipt: the front door showed event ``shows_event_id`` to people.
+
+    ``kind`` "stream": the run's plan message (``chat.startStream``) at ``ts``, recorded
+    before anything is appended to it; ``shows_event_id`` is the input that started the
+    run. A run longer than Slack lets one stream live has one receipt per segment.
+    """
 
     type: Literal["message_posted"] = "message_posted"
     facts = Facts(input=False, people="nothing", model=False, summary="omitted")
     shows_event_id: str
     channel: str = ""
     ts: str = ""
+    kind: Literal["post", "stream"] = "post"
+
+
+class StreamStopped(Event):
+    """The plan message (stream) at ``ts`` was stopped (``chat.stopStream``): nothing
+    more is appended to it."""
+
+    type: Literal["stream_stopped"] = "stream_stopped"
+    facts = Facts(input=False, people="nothing", model=False, summary="omitted")
+    ts: str
+    channel: str = ""
+
+
+class FeedbackGiven(Event):
+    """A person clicked 👍 or 👎 under the answer of the plan message at ``ts``."""
+
+    type: Literal["feedback_given"] = "feedback_given"
+    facts = Facts(input=False, people="nothing", model=False, summary="omitted")
+    ts: str
+    value: Literal["up", "down"]
+    user: str
+
+
+class StopRequested(Event):
+    """``user`` pressed Slack's stop button on the thread's agent session
+    (``agent_session_stopped``): the run stops at its next step boundary; a tool already
+    started ends by its normal path."""
+
+    type: Literal["stop_requested"] = "stop_requested"
+    facts = Facts(input=True, people="nothing", model=True, summary="kept")
+    user: str
 
 
 class ContextCompacted(Event):
@@ -592,6 +639,9 @@ AnyEvent = Annotated[
     | WaitTimedOut
     | ErrorRaised
     | MessagePosted
+    | StreamStopped
+    | FeedbackGiven
+    | StopRequested
     | ContextCompacted,
     Field(discriminator="type"),
 ]

@@ -2,6 +2,11 @@
 
 ``OPSLOOP_FAULTS="append:3"`` SIGKILLs this process right after its 3rd committed
 append; ``tool_effect:1`` after the first tool side effect that calls ``hit``.
+
+The points of a plan message (bot/stream.py): ``stream_started`` (Slack started it, its
+receipt is not recorded yet), ``stream_appending`` (before an append to a recorded
+stream; ``:1``, after the record and before the first append) and ``stream_answering``
+(after each piece of the answer: ``:1`` leaves it partly streamed).
 """
 
 from __future__ import annotations

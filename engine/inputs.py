@@ -831,6 +831,7 @@ async def finish_wait(
             wait_id=wait_id,
             result=storable(result),  # a job's answer, like any tool's (tools/output.py)
             dedupe_key=dedupe_key,
+            resumes=call.wait.resumes,
         )
         return await _append_one(store, thread_id, state, event)
 

@@ -9,7 +9,8 @@ same totals (take their max, not their sum).
 
 Who observes what: the runner (steps, model calls and tokens, tool calls, wake lag),
 the Anthropic adapter (model errors by kind), the Slack client's counting handler
-(``bot.slack_metrics``), the health app (ack latency), the lease code (takeovers).
+(``bot.slack_metrics``), the health app (ack latency), the lease code (takeovers), the
+inputs of Slack's agent surface (feedback, stops: ``engine.agent_inputs``).
 """
 
 from __future__ import annotations
@@ -149,8 +150,33 @@ SLACK_ACK_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+FEEDBACK = Counter(
+    "opsloop_feedback",
+    "Feedback clicks under answers (feedback_given), by value (up | down).",
+    ["value"],
+    registry=REGISTRY,
+)
+STOPS = Counter(
+    "opsloop_stops",
+    "Runs people stopped with Slack's stop button (stop_requested).",
+    registry=REGISTRY,
+)
+
 for _reason in ("expired", "dead_owner"):  # both series exist from the start, at 0
     LEASE_TAKEOVERS.labels(reason=_reason)
+for _value in ("up", "down"):
+    FEEDBACK.labels(value=_value)
+
+
+def count_inputs(events: Iterable[Any]) -> None:
+    """Count the people's inputs that have counters (feedback, stops), as they are
+    stored; a redelivered one, found stored, is not passed here again."""
+    for e in events:
+        kind = getattr(e, "type", None)
+        if kind == "feedback_given":
+            FEEDBACK.labels(value=e.value).inc()
+        elif kind == "stop_requested":
+            STOPS.inc()
 
 
 class _Families(Collector):

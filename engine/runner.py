@@ -19,6 +19,7 @@ therefore means someone else really acted.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import secrets
@@ -37,7 +38,7 @@ from engine.errors import ConcurrencyConflict, IllegalTransition
 from engine.grants import channel_grants, covering_grant, thread_grants
 from engine.leases import Lease
 from engine.logs import bind
-from engine.models.base import Decision, Model, ModelError
+from engine.models.base import Decision, Model, ModelError, is_answer
 from engine.policy import Verdict, arguments_hash, classify
 from engine.retrying import retrying
 from engine.rules import PolicySet, RuleDecision
@@ -46,18 +47,22 @@ from engine.state import (
     WAITING_POLICIES,
     PendingCall,
     ThreadState,
+    WaitAnswer,
     next_action,
     reduce,
 )
 from engine.store import Store
 from engine.types import ThreadInfo
 from tools import RetryableToolError, Tool, ToolContext, ToolRegistry, WaitFor
+from tools.context import WaitAnswer as ToolWaitAnswer
 from tools.errors import OutcomeUnknown, ToolError
 from tools.output import clean, clean_text, jsonable, storable, storable_text
 
 log = logging.getLogger("opsloop.runner")
 
 Clock = Callable[[], datetime]
+# What a front door records of what it showed: a post, a plan message (a stream) or its stop.
+Receipt = ev.MessagePosted | ev.StreamStopped
 
 
 class FrontDoor(Protocol):
@@ -68,11 +73,83 @@ class FrontDoor(Protocol):
 
     ``events`` start at seq 1, unless the thread was compacted: the runner then holds
     only what its prompt needs (after the summary), and the front door reads the rest.
+
+    A front door may also show a final answer while the model writes it: see
+    ``StreamsAnswers`` (optional; without it the answer is shown once recorded).
     """
 
     async def show(
         self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
-    ) -> list[ev.MessagePosted]: ...
+    ) -> list[Receipt]: ...
+
+
+class FollowsWork(Protocol):
+    """The optional hook of a front door that shows that a thread works (Slack's loading
+    status, its agent session): ``working(thread_id, events, state)`` before each model
+    call, with what the runner holds, as ``show``. It returns no receipts and must be
+    quick; a failure is logged and never stops the run."""
+
+    async def working(
+        self, thread_id: str, events: Sequence[ev.AnyEvent], state: ThreadState
+    ) -> None: ...
+
+
+class StreamsAnswers(Protocol):
+    """The optional hook of a front door that streams answers: ``answer_text`` receives
+    the text of the model's reply as it is written, during the model call (before the
+    decision is in the log).
+
+    - ``answer_text(thread_id, delta)``: append ``delta``. The deltas since the last
+      reset join to a prefix of the final answer's text; when the decision is recorded
+      as ``final_answer``, to exactly its ``text`` (the log stays the truth: ``show``
+      then sees the ``final_answer`` and may compare).
+    - ``answer_text(thread_id, "", reset=True)``: everything appended since the last
+      reset is void: the reply was words before a tool call, was cut off or refused,
+      or the call failed and will be made again (its text starts over). Sent only
+      after some text.
+
+    Called in order, one at a time, from the runner's task while it holds the lease;
+    the model's stream waits for each call, so it must return quickly (buffer and
+    send in the background). A failure is logged and never stops the run; the deltas
+    after it are dropped (a gap would garble the text), resets are still sent.
+    """
+
+    async def answer_text(self, thread_id: str, delta: str, *, reset: bool = False) -> None: ...
+
+
+class _AnswerText:
+    """The model's ``on_text`` for one call: relays to the front door's hook."""
+
+    def __init__(self, hook: Callable[..., Awaitable[None]], thread_id: str) -> None:
+        self.hook = hook
+        self.thread_id = thread_id
+        self.sent = False  # text went out since the last reset
+        self.failed = False
+
+    async def __call__(self, delta: str, /, *, reset: bool = False) -> None:
+        if self.failed and not reset:
+            return
+        self.sent = not reset
+        try:
+            await self.hook(self.thread_id, delta, reset=reset)
+        except Exception:  # showing progress never stops the work
+            if not self.failed:
+                log.warning("answer_text failed thread_id=%s", self.thread_id, exc_info=True)
+            self.failed = True
+
+    async def void(self) -> None:
+        if self.sent:
+            await self("", reset=True)
+
+
+def _takes_on_text(model: Model) -> bool:
+    """Whether ``model.next_step`` takes ``on_text`` (a model written before the hook,
+    such as a test's double, is called without it and simply does not stream)."""
+    try:
+        params = inspect.signature(model.next_step).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "on_text" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def offered_tools(tools: ToolRegistry, policy: PolicySet | None) -> list[Tool]:
@@ -139,6 +216,8 @@ class Runner:
         # it runs: people see what is about to happen (an approved card, the call)
         # rather than after a long tool returns.
         self.front_door = front_door
+        # Whether the model can stream its answer to the front door's ``answer_text``.
+        self.model_streams = _takes_on_text(model)
         # None: each tool's own policy and the process's approvers, as before a policy
         # file; the calls then record no reviewer rule (approvers None).
         self.policy = policy
@@ -174,7 +253,7 @@ class _Turn:
         self.events: list[ev.AnyEvent] = []
         self.place: ThreadInfo | None = None  # where the thread is, read when rules apply
         # The front door's receipts, appended ahead of this turn's next batch.
-        self.receipts: list[ev.MessagePosted] = []
+        self.receipts: list[Receipt] = []
 
     async def run(self) -> ThreadState:
         await self._start()
@@ -256,6 +335,17 @@ class _Turn:
         self.state = appended.state
         return appended.events
 
+    async def _working(self) -> None:
+        """Before a model call: a front door that follows the work (``FollowsWork``)
+        shows that the thread is thinking."""
+        hook = getattr(self.r.front_door, "working", None)
+        if hook is None:
+            return
+        try:
+            await hook(self.thread_id, self.events, self.state)
+        except Exception:  # showing progress never stops the work
+            log.warning("front door failed thread_id=%s", self.thread_id, exc_info=True)
+
     async def _show(self) -> None:
         if self.r.front_door is None:
             return
@@ -272,6 +362,7 @@ class _Turn:
             msg = f"stopped after {cfg.max_decisions_per_input} model steps without a human"
             await self._append([ev.ErrorRaised(message=msg, kind="step_budget")])
             return
+        await self._working()
         if self.r.tools.version != self.tools_version:
             # A tool source changed its tools (an MCP server redefined, added or lost
             # one): this decision is offered them as they are now.
@@ -283,17 +374,35 @@ class _Turn:
         prompt = replace(prompt, turn=self.state.decisions)
         model = self.r.model.name
         started = time.monotonic()
+        # A front door with ``answer_text`` (``StreamsAnswers``) shows the answer while
+        # it is written; without one the model is called as before.
+        hook = getattr(self.r.front_door, "answer_text", None) if self.r.model_streams else None
+        answer = _AnswerText(hook, self.thread_id) if hook is not None else None
         try:
-            decision = await self.r.model.next_step(prompt)
+            if answer is None:
+                decision = await self.r.model.next_step(prompt)
+            else:
+                decision = await self.r.model.next_step(prompt, on_text=answer)
         except ModelError as exc:
             metrics.MODEL_SECONDS.labels(model=model).observe(time.monotonic() - started)
             metrics.MODEL_CALLS.labels(model=model, outcome="error").inc()
+            if answer is not None:
+                await answer.void()  # the retry's text starts over
             await self._model_failed(exc)
             return
         metrics.MODEL_SECONDS.labels(model=model).observe(time.monotonic() - started)
         metrics.MODEL_CALLS.labels(model=model, outcome="ok").inc()
         _count_tokens(model, decision)
-        await self._decide(decision, prompt)
+        if answer is not None and not is_answer(decision):
+            await answer.void()  # before a tool runs: the text was not the answer
+        try:
+            await self._decide(decision, prompt)
+        except ConcurrencyConflict:
+            # Someone acted meanwhile (a stop, a reply): the decision was not recorded,
+            # so the answer it streamed is void; the run re-reads and decides again.
+            if answer is not None:
+                await answer.void()
+            raise
 
     async def _compact(self, prompt: Prompt) -> Prompt:
         """Store a summary of the older turns; the prompt from now on starts with it."""
@@ -473,7 +582,8 @@ class _Turn:
                 ]
             )
             return
-        if call.attempt >= self.r.config.max_tool_attempts:
+        # A call resumed with a person's answer is not a failed attempt run again.
+        if call.attempt >= self.r.config.max_tool_attempts and call.answer is None:
             # Crashed or failed that often: stop re-running it; the model hears why. Every
             # attempt up to call.attempt was started (and may have run); the one recorded
             # below only carries the result and never runs.
@@ -491,19 +601,21 @@ class _Turn:
                 ),
             )
             return
+        answer = call.answer  # for this attempt only: tool_started drops it from the state
         await self._append(
             [ev.ToolStarted(tool_call_id=call.tool_call_id, attempt=call.attempt + 1)]
         )
-        await self._invoke(self._pending())
+        await self._invoke(self._pending(), answer)
 
-    async def _invoke(self, call: PendingCall) -> None:
-        """Run the tool once (attempt ``call.attempt``, already recorded) and record it."""
+    async def _invoke(self, call: PendingCall, answer: WaitAnswer | None = None) -> None:
+        """Run the tool once (attempt ``call.attempt``, already recorded) and record it;
+        ``answer``: how the call's resuming wait ended, when this attempt follows one."""
         if self.lost.is_set():
             return  # the new owner re-runs this attempt's successor with the same key
         with bind(tool_call_id=call.tool_call_id):
-            await self._invoke_bound(call)
+            await self._invoke_bound(call, answer)
 
-    async def _invoke_bound(self, call: PendingCall) -> None:
+    async def _invoke_bound(self, call: PendingCall, answer: WaitAnswer | None = None) -> None:
         await self._show()
         tool = self.r.tools.get(call.intent)
         ctx = ToolContext(
@@ -514,6 +626,7 @@ class _Turn:
             requester=self.state.requester,
             definition_hash=call.definition_hash,
             first_started_at=call.first_started_at,
+            answer=None if answer is None else ToolWaitAnswer(**answer.model_dump()),
         )
         outcome: ev.Event
         try:
@@ -612,7 +725,7 @@ class _Turn:
             wake = (
                 now + timedelta(seconds=output.poll_every_s) if output.poll_every_s else timeout_at
             )
-            if call.policy not in WAITING_POLICIES:
+            if call.policy not in WAITING_POLICIES and not output.resumes:
                 return ev.ToolResult(
                     actor="tool",
                     tool_call_id=call.tool_call_id,
@@ -629,6 +742,7 @@ class _Turn:
                 wake_at=min(wake, timeout_at),
                 timeout_at=timeout_at,
                 poll_every_s=output.poll_every_s,
+                resumes=output.resumes,
             )
         return ev.ToolResult(
             actor="tool",
@@ -655,7 +769,7 @@ class _Turn:
                     call.tool_call_id,
                 )
                 return
-            await self._append([outcome])
+            await self._append([_not_retried(outcome, self.state)])
 
         try:
             await retrying(once, reread=self._reload)
@@ -672,7 +786,13 @@ class _Turn:
     async def _wait_timeout(self, call: PendingCall) -> None:
         assert call.wait is not None
         await self._append(
-            [ev.WaitTimedOut(tool_call_id=call.tool_call_id, wait_id=call.wait.wait_id)]
+            [
+                ev.WaitTimedOut(
+                    tool_call_id=call.tool_call_id,
+                    wait_id=call.wait.wait_id,
+                    resumes=call.wait.resumes,
+                )
+            ]
         )
 
     async def _check_wait(self, call: PendingCall) -> bool:
@@ -702,6 +822,7 @@ class _Turn:
                         tool_call_id=call.tool_call_id,
                         wait_id=wait.wait_id,
                         result=storable(jsonable(result)),  # as _record does for results
+                        resumes=wait.resumes,
                     )
                 ]
             )
@@ -750,6 +871,20 @@ def _storable_outcome(outcome: ev.Event) -> ev.Event:
         # Cleaned, never cut: the tool's poll function reads this data back.
         update = {"description": clean_text(outcome.description), "data": clean(outcome.data)}
     return outcome.model_copy(update=update) if update else outcome
+
+
+def _not_retried(outcome: ev.Event, state: ThreadState) -> ev.Event:
+    """A failed attempt's retry, as its error result once someone pressed stop: a
+    stopped run starts no new attempt (engine.state refuses the retry)."""
+    if not isinstance(outcome, ev.RetryScheduled) or state.stop_by is None:
+        return outcome
+    return ev.ToolResult(
+        actor="tool",
+        tool_call_id=outcome.tool_call_id or "",
+        attempt=outcome.attempt,
+        ok=False,
+        error=f"{outcome.error} (not retried: <@{state.stop_by}> stopped the run)",
+    )
 
 
 def _tool_outcome(outcome: ev.Event) -> str:

@@ -76,6 +76,17 @@ class WaitInfo(_Frozen):
     wake_at: AwareDatetime
     timeout_at: AwareDatetime
     poll_every_s: float | None = None
+    resumes: bool = False  # its end hands the call's next attempt how it ended
+
+
+class WaitAnswer(_Frozen):
+    """How a wait that resumes its call ended (``WaitStarted.resumes``), for the call's
+    next attempt alone: the wait's ``data``, and ``result`` (``wait_finished``'s; empty
+    when it timed out)."""
+
+    data: dict[str, Any]
+    result: dict[str, Any]
+    timed_out: bool = False
 
 
 class SaidSince(_Frozen):
@@ -153,6 +164,8 @@ class PendingCall(_Frozen):
     first_started_at: AwareDatetime | None = None
     # Why the outcome is unknown (phase "unknown"), as tool_outcome_unknown said.
     unknown_error: str = ""
+    # How its resuming wait ended: handed to the attempt that starts next, then dropped.
+    answer: WaitAnswer | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -226,6 +239,9 @@ class ThreadState(_Frozen):
     # The alert this thread is open for (``AlertReceived.alert_key``) until it resolves;
     # the store keeps it in a unique column, so one alert has one open thread at most.
     alert: str | None = None
+    # Who pressed stop while a tool call was running (``stop_requested``): that call
+    # ends by its normal path, then the thread rests instead of asking the model.
+    stop_by: str | None = None
 
     @property
     def wake_at(self) -> datetime | None:
@@ -278,7 +294,8 @@ def _decision(state: ThreadState, event: ev.Event, call_id: str | None) -> None:
 def _user_message(s: ThreadState, e: ev.UserMessage) -> dict[str, Any]:
     _require(s.status != "awaiting_reply", e, s, "a reply answers the open question")
     _require(s.open_decision is None, e, s, "a model decision is half-written")
-    update: dict[str, Any] = {"requester": s.requester or e.actor}
+    # A new message asks for work again: a stop pressed before it no longer holds.
+    update: dict[str, Any] = {"requester": s.requester or e.actor, "stop_by": None}
     if s.status in ("new", "idle", "failed", "cancelled"):
         update.update(
             status="running",
@@ -364,6 +381,25 @@ def _thread_cancelled(s: ThreadState, e: ev.ThreadCancelled) -> dict[str, Any]:
         "orphan": _orphaned(s),
         "question": None,
         "open_decision": None,
+        "stop_by": None,
+    }
+
+
+def _stop_requested(s: ThreadState, e: ev.StopRequested) -> dict[str, Any]:
+    """Slack's stop button: only while the thread works (a wait already rests). A
+    running tool call ends by its normal path (its result, or a reconcile card) and
+    the thread rests then (``apply``); anything else stops now: a call not started is
+    dropped as a cancel drops it, and a decision being written no longer counts."""
+    _require(s.status in ("running", "sleeping"), e, s, "the thread is not working")
+    if s.pending is not None and s.pending.phase == "started":
+        return {"stop_by": e.user}
+    return {
+        "status": "idle",
+        "pending": None,
+        "open_decision": None,
+        "model_attempt": 0,
+        "model_retry_at": None,
+        "stop_by": None,
     }
 
 
@@ -560,6 +596,7 @@ def _tool_started(s: ThreadState, e: ev.ToolStarted) -> dict[str, Any]:
             "attempt": e.attempt,
             "started_at": e.created_at,
             "first_started_at": call.first_started_at or e.created_at,
+            "answer": None,  # this attempt has it; a later one starts afresh
         },
     )
     return {"pending": started, "status": "running"}
@@ -596,6 +633,8 @@ def _reconcile_decided(s: ThreadState, e: ev.ReconcileDecided) -> dict[str, Any]
 
 def _retry_scheduled(s: ThreadState, e: ev.RetryScheduled) -> dict[str, Any]:
     _require(s.status == "running", e, s, "the thread is not running")
+    # A stopped run starts no new attempt: the failed one's result ends the call.
+    _require(s.stop_by is None, e, s, f"{s.stop_by} stopped the run: nothing is retried")
     if e.tool_call_id is None:
         _require(s.pending is None and s.open_decision is None, e, s, "a call is pending")
         return {"status": "sleeping", "model_attempt": e.attempt, "model_retry_at": e.wake_at}
@@ -609,7 +648,8 @@ def _wait_started(s: ThreadState, e: ev.WaitStarted) -> dict[str, Any]:
     _require(s.status == "running", e, s, "the thread is not running")
     call = _pending(s, e, e.tool_call_id, "started")
     # A waiting tool may sit behind an approval: approval, the call, then the wait.
-    _require(call.policy in WAITING_POLICIES, e, s, "the tool does not wait")
+    # A question to a person (a resuming wait) may come from a call of any policy.
+    _require(call.policy in WAITING_POLICIES or e.resumes, e, s, "the tool does not wait")
     info = WaitInfo(
         wait_id=e.wait_id,
         description=e.description,
@@ -617,6 +657,7 @@ def _wait_started(s: ThreadState, e: ev.WaitStarted) -> dict[str, Any]:
         wake_at=e.wake_at,
         timeout_at=e.timeout_at,
         poll_every_s=e.poll_every_s,
+        resumes=e.resumes,
     )
     return {
         "pending": evolve(call, {"phase": "waiting", "wait": info}),
@@ -629,7 +670,13 @@ def _wait_closed(s: ThreadState, e: ev.WaitFinished | ev.WaitTimedOut) -> dict[s
     call = _pending(s, e, e.tool_call_id, "waiting")
     assert call.wait is not None
     _require(call.wait.wait_id == e.wait_id, e, s, f"wait {e.wait_id!r} is not open")
+    _require(e.resumes == call.wait.resumes, e, s, "resumes must be as the wait started")
     timed_out = isinstance(e, ev.WaitTimedOut)
+    if call.wait.resumes:  # the call goes on: its next attempt is handed how this ended
+        result = {} if isinstance(e, ev.WaitTimedOut) else e.result
+        answer = WaitAnswer(data=call.wait.data, result=result, timed_out=timed_out)
+        resumed = evolve(call, {"phase": "ready", "wait": None, "answer": answer})
+        return {"pending": resumed, "status": "running"}
     setback = CallSetback(kind="failed", intent=call.intent) if timed_out else None
     return {"pending": None, "status": "running", "setback": setback}
 
@@ -642,6 +689,7 @@ def _error(s: ThreadState, e: ev.ErrorRaised) -> dict[str, Any]:
         "pending": None,
         "orphan": _orphaned(s),
         "question": None,
+        "stop_by": None,
     }
 
 
@@ -693,6 +741,9 @@ APPLY: dict[type[ev.Event], Callable[[ThreadState, Any], dict[str, Any]]] = {
     ev.WaitTimedOut: _wait_closed,
     ev.ErrorRaised: _error,
     ev.MessagePosted: _no_change,
+    ev.StreamStopped: _no_change,
+    ev.FeedbackGiven: _no_change,
+    ev.StopRequested: _stop_requested,
     ev.ContextCompacted: _context_compacted,
 }
 
@@ -714,7 +765,20 @@ def apply(state: ThreadState, event: ev.Event) -> ThreadState:
     update["last_seq"] = event.seq or state.last_seq + 1
     if not state.thread_id:
         update["thread_id"] = event.thread_id
-    return evolve(state, update)
+    return _stopped(evolve(state, update))
+
+
+def _stopped(state: ThreadState) -> ThreadState:
+    """A stop pressed while a call ran is honoured once the thread would next ask the
+    model (the call ended by its result, its wait or a person's reconcile): it rests."""
+    if (
+        state.stop_by is not None
+        and state.status == "running"
+        and state.pending is None
+        and state.open_decision is None
+    ):
+        return evolve(state, {"status": "idle", "stop_by": None})
+    return state
 
 
 def reduce(events: Iterable[ev.Event], state: ThreadState | None = None) -> ThreadState:

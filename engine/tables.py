@@ -111,7 +111,32 @@ class WorkerRow(SQLModel, table=True):
     heartbeat_at: datetime = Field(sa_type=UTCDateTime)
 
 
+class McpOAuthRow(SQLModel, table=True):
+    """OAuth of one MCP server (``auth:`` in opsloop.yaml; tools/mcp/auth.py): its tokens
+    and their expiry, the client a dynamic registration made, and the authorization an
+    admin was asked for (its ``state``, PKCE verifier and link) until the callback brings
+    its ``code``. ``binding`` says which configuration they belong to (a changed
+    ``client_id`` or URL makes them void). Every replica reads and writes the same row,
+    so a token one refreshed is the others' too (revision 0007)."""
+
+    __tablename__ = "mcp_oauth"
+
+    server: str = Field(primary_key=True, max_length=64)
+    binding: str = Field(max_length=64)
+    tokens: str | None = Field(default=None, sa_type=sa.Text)  # OAuthToken as JSON
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    client_info: str | None = Field(default=None, sa_type=sa.Text)  # a registration, JSON
+    pending_state: str | None = Field(default=None, max_length=255)
+    pending_verifier: str | None = Field(default=None, max_length=255)
+    pending_url: str | None = Field(default=None, sa_type=sa.Text)
+    pending_since: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    code: str | None = Field(default=None, sa_type=sa.Text)  # what the callback brought
+    iss: str | None = Field(default=None, sa_type=sa.Text)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+
+
 THREADS: sa.Table = ThreadRow.__table__  # type: ignore[attr-defined]
 EVENTS: sa.Table = EventRow.__table__  # type: ignore[attr-defined]
 SNAPSHOTS: sa.Table = SnapshotRow.__table__  # type: ignore[attr-defined]
 WORKERS: sa.Table = WorkerRow.__table__  # type: ignore[attr-defined]
+MCP_OAUTH: sa.Table = McpOAuthRow.__table__  # type: ignore[attr-defined]

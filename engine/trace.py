@@ -242,7 +242,23 @@ def _error(e: ev.ErrorRaised) -> str:
 
 def _message_posted(e: ev.MessagePosted) -> str:
     where = "/".join(p for p in (e.channel, e.ts) if p)
-    return f"posted {e.shows_event_id}" + (f" at {where}" if where else "")
+    # A stream receipt is the run's plan message, started for its input.
+    what = "streamed the plan of" if e.kind == "stream" else "posted"
+    return f"{what} {e.shows_event_id}" + (f" at {where}" if where else "")
+
+
+def _stream_stopped(e: ev.StreamStopped) -> str:
+    where = "/".join(p for p in (e.channel, e.ts) if p)
+    return f"stopped the stream at {where}"
+
+
+def _feedback_given(e: ev.FeedbackGiven) -> str:
+    said = "👍" if e.value == "up" else "👎"
+    return f"{said} ({e.value}) by {e.user} on {e.ts}"
+
+
+def _stop_requested(e: ev.StopRequested) -> str:
+    return f"stop pressed by {e.user}"
 
 
 def _context_compacted(e: ev.ContextCompacted) -> str:
@@ -280,6 +296,9 @@ SUMMARIES: dict[type[ev.Event], Callable[[Any], str]] = {
     ev.WaitTimedOut: _wait_timed_out,
     ev.ErrorRaised: _error,
     ev.MessagePosted: _message_posted,
+    ev.StreamStopped: _stream_stopped,
+    ev.FeedbackGiven: _feedback_given,
+    ev.StopRequested: _stop_requested,
     ev.ContextCompacted: _context_compacted,
 }
 

@@ -11,6 +11,9 @@ two on one port, so local mode runs the production code paths, only Slack is rep
     workspace       the workspace's state: channels, messages, modals (no I/O)
     state_file      the workspace kept in a JSON file, replaced atomically
     web_api         the Slack Web API methods the bot uses, over a workspace
+    agent_api       its agent surfaces: loading status, streams, agent sessions
+    streams         a streamed message: its chunks checked, its state, its blocks (pure)
+    api_checks      the Web API's refusals and the checks its methods share (pure)
     app_link        what people do, sent to the app as Slack sends it (signed HTTP)
     page_input      what people type and click, checked as Slack's client does (pure)
     live            live updates for the page (server-sent events)

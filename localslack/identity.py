@@ -156,3 +156,17 @@ def bot_profile(identity: Identity) -> dict[str, Any]:
         "updated": 1700000000,
         "team_id": identity.team_id,
     }
+
+
+def bot_message(identity: Identity, ts: str, text: str = "") -> dict[str, Any]:
+    """A message the bot posts, as Slack stores it."""
+    return {
+        "type": "message",
+        "user": identity.bot_user_id,
+        "bot_id": identity.bot_id,
+        "app_id": identity.app_id,
+        "team": identity.team_id,
+        "bot_profile": bot_profile(identity),
+        "text": text,
+        "ts": ts,
+    }

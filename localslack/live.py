@@ -4,7 +4,8 @@ One ``GET /ui/events?user=U…`` stream per open page. A change in a channel goe
 streams of its members (a DM to its person only); an ephemeral message, a modal and a
 Home tab only to their user's streams. Events (``event: KIND`` + one JSON ``data``
 line): ``hello``, ``message``, ``message_changed``, ``ephemeral``, ``view_opened``,
-``view_updated``, ``view_closed``, ``home`` and ``resync`` (the page fell behind: it
+``view_updated``, ``view_closed``, ``home``, ``agent_status`` (a thread's loading status
+or agent session changed) and ``resync`` (the page fell behind: it
 reloads what it shows). A comment line every 15 s keeps idle connections open.
 """
 

@@ -51,6 +51,13 @@ class Click(_Body):
     message_ts: str = Field(min_length=1, max_length=32)
     action_id: str = Field(min_length=1, max_length=255)
     block_id: str | None = Field(default=None, max_length=255)
+    # Which of a feedback_buttons element's two: "positive" or "negative".
+    value: str | None = Field(default=None, max_length=16)
+
+
+class StopAgent(_Body):
+    channel: str = Field(min_length=1, max_length=64)
+    thread_ts: str = Field(min_length=1, max_length=32)
 
 
 class Submit(_Body):
@@ -111,24 +118,41 @@ def group_handle(group_id: str) -> str:
 def find_element(
     blocks: list[Any], action_id: str, block_id: str | None = None
 ) -> tuple[str, dict[str, Any]] | None:
-    """The button ``action_id`` (in block ``block_id`` if given) and its block's id."""
+    """The button ``action_id`` (in block ``block_id`` if given) and its block's id: a
+    button of an ``actions`` block or an accessory, or the ``feedback_buttons`` of a
+    ``context_actions`` block."""
     for i, block in enumerate(blocks):
         if not isinstance(block, dict):
             continue
         bid = str(block.get("block_id") or f"b{i}")
         if block_id is not None and bid != block_id:
             continue
-        elements = list(block.get("elements") or []) if block.get("type") == "actions" else []
+        kind = block.get("type")
+        elements = list(block.get("elements") or []) if kind in _BUTTON_ROWS else []
         if isinstance(block.get("accessory"), dict):
             elements.append(block["accessory"])
         for element in elements:
             if (
                 isinstance(element, dict)
-                and element.get("type") == "button"
+                and element.get("type") in _BUTTONS
                 and element.get("action_id") == action_id
             ):
                 return bid, element
     return None
+
+
+_BUTTON_ROWS = ("actions", "context_actions")
+_BUTTONS = ("button", "feedback_buttons")
+
+
+def feedback_button(element: dict[str, Any], which: str | None) -> dict[str, Any]:
+    """The clicked one of a ``feedback_buttons`` element's two buttons."""
+    if which not in ("positive", "negative"):
+        raise BadRequest("say which feedback button: value positive or negative")
+    button = element.get(f"{which}_button")
+    if not isinstance(button, dict):
+        raise BadRequest(f"no {which} button on that message", 404)
+    return button
 
 
 _INPUTS = ("plain_text_input", "static_select", "checkboxes")

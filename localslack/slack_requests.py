@@ -240,6 +240,30 @@ def app_home_opened_event(
     return event_callback(identity, event)
 
 
+def agent_session_stopped_event(
+    identity: Identity,
+    *,
+    user: str,
+    channel: str,
+    thread_ts: str,
+    streaming_message_ts: list[str] | tuple[str, ...] = (),
+    event_ts: str | None = None,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """Someone pressed the stop button of the agent session of ``thread_ts`` (shown while
+    it is ``processing``); ``streaming_message_ts``: the app's streams Slack stopped for it
+    (https://docs.slack.dev/reference/events/agent_session_stopped)."""
+    event = {
+        "type": "agent_session_stopped",
+        "user": user,
+        "channel": channel,
+        "thread_ts": thread_ts,
+        "streaming_message_ts": list(streaming_message_ts),
+        "event_ts": event_ts or new_action_ts(),
+    }
+    return event_callback(identity, event, event_id=event_id)
+
+
 def url_verification(identity: Identity, challenge: str = DEFAULT_CHALLENGE) -> dict[str, str]:
     """The handshake Slack sends when the request URL is set."""
     return {
@@ -317,6 +341,45 @@ def block_actions_payload(
         "response_url": response_url or hook,
         "actions": [action],
     }
+
+
+def feedback_buttons_payload(
+    identity: Identity,
+    *,
+    user: str,
+    action_id: str,
+    value: str,
+    channel: str,
+    message_ts: str,
+    block_id: str = "feedback",
+    text: str = "",
+    **shared: Any,
+) -> dict[str, Any]:
+    """A click on one of the two buttons of a ``feedback_buttons`` element (in a
+    ``context_actions`` block): ``value`` is that button's; otherwise a ``block_actions``
+    as for any button (``shared``: :func:`block_actions_payload`'s other arguments)."""
+    payload = block_actions_payload(
+        identity,
+        user=user,
+        action_id=action_id,
+        value=value,
+        channel=channel,
+        message_ts=message_ts,
+        block_id=block_id,
+        **shared,
+    )
+    action = payload["actions"][0]
+    payload["actions"] = [
+        {
+            "type": "feedback_buttons",
+            "action_id": action_id,
+            "block_id": block_id,
+            "value": value,
+            "text": {"type": "plain_text", "text": text, "emoji": True},
+            "action_ts": action["action_ts"],
+        }
+    ]
+    return payload
 
 
 def text_input_values(block_id: str, action_id: str, value: str | None) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Everything a person does becomes what Slack would send the app (:mod:`localslack.app_link`):
 a message is stored, then its events are delivered; a click is a signed
-``block_actions``; a modal's submit a ``view_submission`` whose answer the page shows
+``block_actions``; the stop button of a thread's agent session an ``agent_session_stopped``
+event; a modal's submit a ``view_submission`` whose answer the page shows
 (``response_action: errors`` keeps the modal open with them).
 
     GET  /                                   the page (static/index.html)
@@ -11,7 +12,10 @@ a message is stored, then its events are delivered; a click is a signed
     GET  /ui/channels/{C}/messages?user=U    top-level messages (with thread summaries)
     GET  /ui/channels/{C}/threads/{ts}?user=U  a thread: root, replies, the user's ephemerals
     POST /ui/messages     {user, channel, text, thread_ts?}   write (or run /opsloop …)
-    POST /ui/actions      {user, channel, message_ts, action_id, block_id?}  click a button
+    POST /ui/actions      {user, channel, message_ts, action_id, block_id?, value?}
+                                             click a button (``value``: which of a
+                                             feedback_buttons element's two)
+    POST /ui/agent/stop   {user, channel, thread_ts}  the agent session's stop button
     GET  /ui/views?user=U                    the user's open modals
     POST /ui/views/{id}/submit {user, values: {block_id: {action_id: text}}}
     POST /ui/views/{id}/close  {user}
@@ -50,8 +54,10 @@ from localslack.page_input import (
     BadRequest,
     Click,
     PostMessage,
+    StopAgent,
     Submit,
     UserOnly,
+    feedback_button,
     find_element,
     group_handle,
     parse,
@@ -63,7 +69,7 @@ from localslack.workspace import Change, Workspace
 log = logging.getLogger("opsloop.local.ui")
 
 STATIC_DIR = Path(__file__).parent / "static"
-STATIC_FILES = {"app.js", "style.css", "mrkdwn.js", "blocks.js", "favicon.svg"}
+STATIC_FILES = {"app.js", "style.css", "mrkdwn.js", "markdown.js", "blocks.js", "favicon.svg"}
 MAX_TEXT = 40_000  # Slack's limit on a message's text
 LIST_LIMIT = 200
 COMMANDS = ("/opsloop",)
@@ -115,10 +121,14 @@ class LocalUi:
     def _changed(self, change: Change) -> None:
         """Tell the pages: a channel's members, or only ``change.user``."""
         channel = change.channel
-        if change.kind in ("message", "message_changed"):
+        if change.kind in ("message", "message_changed", "stream_changed"):
             message = change.data if change.kind == "message" else change.data["message"]
             data = {"channel": channel, "message": self.shown(channel, message)}
-            self.live.publish(change.kind, data, channel=channel)
+            kind = "message" if change.kind == "message" else "message_changed"
+            self.live.publish(kind, data, channel=channel)
+        elif change.kind == "agent_status":
+            data = {"channel": channel, "thread_ts": change.data["thread_ts"]}
+            self.live.publish("agent_status", data, channel=channel)
         elif change.kind == "ephemeral":
             data = {"channel": channel, "message": self.ephemeral(change.data)}
             self.live.publish("ephemeral", data, channel=channel, user=change.user)
@@ -145,6 +155,7 @@ class LocalUi:
         get("/ui/trace", self._guard(self.trace))
         get("/ui/replay", self._guard(self.replay))
         post("/ui/alerts", self._guard(self.fire_alert))
+        post("/ui/agent/stop", self._guard(self.stop_agent))
         app.middlewares.append(_json_errors)
 
     async def close(self) -> None:
@@ -216,10 +227,37 @@ class LocalUi:
         }
 
     def shown(self, channel: str | None, message: dict[str, Any]) -> dict[str, Any]:
-        """A message as the page shows it: a thread root with its reply summary."""
-        if channel is None or message.get("thread_ts", message["ts"]) != message["ts"]:
+        """A message as the page shows it: a thread root with its reply summary; a
+        streamed message with its ``stream`` (``state``, display ``mode``, and while open
+        the seconds until Slack ends it, ``expires_in``)."""
+        if channel is None:
+            return message
+        ws = self.workspace
+        stream = ws.stream(channel, message["ts"])
+        if stream is not None:
+            shown = {"state": stream["state"], "mode": stream["mode"]}
+            if stream["state"] == "streaming":  # when the page looks again: Slack ends it
+                shown["expires_in"] = stream["started_at"] + ws.stream_ttl_s - ws.clock()
+            message = {**message, "stream": shown}
+        if message.get("thread_ts", message["ts"]) != message["ts"]:
             return message
         return {**message, **self.workspace.replies_summary(channel, message)}
+
+    def agent(self, channel: str, thread_ts: str) -> dict[str, Any]:
+        """What shows under the thread: the loading status (with the seconds it has
+        left, ``expires_in``) and the agent session."""
+        ws = self.workspace
+        status = ws.status_of(channel, thread_ts)
+        session = ws.session_of(channel, thread_ts)
+        return {
+            "status": status
+            and {
+                "status": status["status"],
+                "loading_messages": status["loading_messages"],
+                "expires_in": status["at"] + ws.status_ttl_s - ws.clock(),
+            },
+            "session": session and {"status": session.get("status"), "title": session.get("title")},
+        }
 
     # --- the page ---------------------------------------------------------------------
 
@@ -312,7 +350,8 @@ class LocalUi:
             {
                 "channel": channel.record(),
                 "root": self.shown(channel.id, thread[0]),
-                "replies": thread[1:],
+                "replies": [self.shown(channel.id, m) for m in thread[1:]],
+                "agent": self.agent(channel.id, ts),
                 "ephemerals": mine,
             }
         )
@@ -396,29 +435,60 @@ class LocalUi:
         if found is None:
             raise BadRequest(f"no button {body.action_id!r} on that message", 404)
         block_id, element = found
-        shown = {k: v for k, v in self.shown(channel.id, message).items() if k != "metadata"}
-        payload = sr.block_actions_payload(
-            self.workspace.identity,
-            user=user,
-            action_id=body.action_id,
-            value=str(element.get("value") or ""),
-            channel=channel.id,
-            message_ts=message["ts"],
-            trigger_id=self.workspace.issue_trigger(user),
-            block_id=block_id,
-            thread_ts=message.get("thread_ts"),
-            message=shown,
-            text=str((element.get("text") or {}).get("text") or ""),
-            style=element.get("style"),
-            user_name=self.workspace.users[user]["name"],
-            channel_name=channel.name,
-            response_url=f"{self.base_url}ui/response/{uuid.uuid4().hex}",
-        )
+        hidden = ("metadata", "stream")  # what Slack does not put in a click's message
+        shown = {k: v for k, v in self.shown(channel.id, message).items() if k not in hidden}
+        common: dict[str, Any] = {
+            "user": user,
+            "action_id": body.action_id,
+            "channel": channel.id,
+            "message_ts": message["ts"],
+            "trigger_id": self.workspace.issue_trigger(user),
+            "block_id": block_id,
+            "thread_ts": message.get("thread_ts"),
+            "message": shown,
+            "user_name": self.workspace.users[user]["name"],
+            "channel_name": channel.name,
+            "response_url": f"{self.base_url}ui/response/{uuid.uuid4().hex}",
+        }
+        identity = self.workspace.identity
+        if element.get("type") == "feedback_buttons":
+            button = feedback_button(element, body.value)
+            text = str((button.get("text") or {}).get("text") or "")
+            value = str(button.get("value") or "")
+            payload = sr.feedback_buttons_payload(identity, value=value, text=text, **common)
+        else:
+            text = str((element.get("text") or {}).get("text") or "")
+            value = str(element.get("value") or "")
+            style = element.get("style")
+            payload = sr.block_actions_payload(
+                identity, value=value, text=text, style=style, **common
+            )
         answer = await self.link.interaction(payload)
         result: dict[str, Any] = {"ok": answer.ok, "status": answer.status}
         if not answer.ok:
             result["error"] = f"the app did not take the click ({answer.why()})"
         return web.json_response(result)
+
+    async def stop_agent(self, request: web.Request) -> web.Response:
+        """The stop button of a thread's agent session (shown while it is processing):
+        Slack stops the app's streams in the thread and tells the app who pressed it."""
+        body = await parse(request, StopAgent)
+        user = self._user(body.user)
+        channel = self._channel(user, body.channel)
+        session = self.workspace.session_of(channel.id, body.thread_ts)
+        if session is None or session.get("status") != "processing":
+            raise BadRequest("nothing to stop: the thread's agent is not working", 409)
+        stopped = self.workspace.stop_by_user(channel.id, body.thread_ts)
+        event = sr.agent_session_stopped_event(
+            self.workspace.identity,
+            user=user,
+            channel=channel.id,
+            thread_ts=body.thread_ts,
+            streaming_message_ts=stopped,
+        )
+        self.link.send_events([event])
+        await self.save()
+        return web.json_response({"ok": True, "stopped": stopped}, status=202)
 
     async def open_views(self, request: web.Request) -> web.Response:
         user = self._user(request.query.get("user"))

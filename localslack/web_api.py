@@ -3,8 +3,10 @@
 Requests come as slack_sdk sends them (query parameters, form fields or JSON; the token
 in an ``Authorization: Bearer`` header or a ``token`` field); answers are
 ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}`` with HTTP 200, as Slack gives
-them (https://docs.slack.dev/reference/methods). Mount it with :meth:`WebApi.add_routes`
-and point the bot's ``SLACK_API_URL`` (``AsyncWebClient(base_url=…)``) at ``/api/``.
+them (https://docs.slack.dev/reference/methods); the agent surfaces' methods (loading
+status, streams, agent sessions) are :mod:`localslack.agent_api`'s. Mount it with
+:meth:`WebApi.add_routes` and point the bot's ``SLACK_API_URL``
+(``AsyncWebClient(base_url=…)``) at ``/api/``.
 
 Subclasses hook in at :meth:`WebApi.serve` (each call, parsed) and
 :meth:`WebApi.intercept` (an answer before the method runs): the tests' fake Slack
@@ -24,7 +26,9 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from localslack.identity import bot_profile
+from localslack.agent_api import AgentApi
+from localslack.api_checks import ApiError, check_blocks, required
+from localslack.identity import bot_message
 from localslack.workspace import TriggerError, Workspace
 
 BOT_SCOPES = (
@@ -32,9 +36,8 @@ BOT_SCOPES = (
     "im:history,usergroups:read,users:read,users:read.email"
 )
 API_PREFIX = "/api/"
-MAX_BLOCKS = 50
 _TRUE = (True, 1, "1", "true", "True")
-_JSON_FIELDS = ("blocks", "metadata", "view", "attachments")
+_JSON_FIELDS = ("blocks", "metadata", "view", "attachments", "chunks", "loading_messages")
 
 
 class Call(NamedTuple):
@@ -44,15 +47,6 @@ class Call(NamedTuple):
     method: str
     params: dict[str, Any]
     headers: dict[str, str]
-
-
-class ApiError(Exception):
-    """A method's ``{"ok": false, "error": ...}`` answer (``extra`` goes beside it)."""
-
-    def __init__(self, error: str, **extra: Any) -> None:
-        super().__init__(error)
-        self.error = error
-        self.extra = extra
 
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -79,6 +73,7 @@ class WebApi:
             "users.lookupByEmail": self.lookup_by_email,
             "usergroups.users.list": self.usergroup_users,
         }
+        self.handlers.update(AgentApi(workspace).handlers)
 
     @property
     def identity(self) -> Any:
@@ -159,17 +154,7 @@ class WebApi:
         if not (p.get("text") or p.get("blocks") or p.get("attachments")):
             raise ApiError("no_text")
         check_blocks(p.get("blocks"))
-        i = self.identity
-        message: dict[str, Any] = {
-            "type": "message",
-            "user": i.bot_user_id,
-            "bot_id": i.bot_id,
-            "app_id": i.app_id,
-            "team": i.team_id,
-            "bot_profile": bot_profile(i),
-            "text": p.get("text", ""),
-            "ts": self.workspace.next_ts(),
-        }
+        message = bot_message(self.identity, self.workspace.next_ts(), p.get("text", ""))
         for key in ("blocks", "metadata", "thread_ts"):
             if p.get(key):
                 message[key] = p[key]
@@ -183,6 +168,9 @@ class WebApi:
             raise ApiError("message_not_found")
         if message.get("bot_id") != self.identity.bot_id:
             raise ApiError("cant_update_message")
+        stream = self.workspace.stream(channel, message["ts"])
+        if stream is not None and stream["state"] == "streaming":
+            raise ApiError("streaming_state_conflict")  # a stream is appended to, not edited
         if not (p.get("text") or p.get("blocks") or message.get("text")):
             raise ApiError("no_text")
         check_blocks(p.get("blocks"))
@@ -401,48 +389,6 @@ async def read_params(request: web.Request) -> dict[str, Any]:
             except ValueError:
                 pass  # left as sent: the method rejects it
     return params
-
-
-def required(params: dict[str, Any], key: str, error: str) -> str:
-    value = params.get(key)
-    if not value or not isinstance(value, str):
-        raise ApiError(error)
-    return value
-
-
-def check_blocks(blocks: Any) -> None:
-    """The checks Slack makes that a renderer most easily breaks (``invalid_blocks``).
-
-    Deliberately independent of ``bot.limits.check_limits``: a second opinion.
-    """
-    if blocks is None:
-        return
-    errors = []
-    if not isinstance(blocks, list):
-        errors.append("blocks must be a list")
-    elif len(blocks) > MAX_BLOCKS:
-        errors.append(f"no more than {MAX_BLOCKS} items allowed [json-pointer:/blocks]")
-    for i, block in enumerate(blocks if isinstance(blocks, list) else []):
-        if not isinstance(block, dict):
-            errors.append(f"must be an object [json-pointer:/blocks/{i}]")
-            continue
-        raw_text = block.get("text")
-        text: dict[str, Any] = raw_text if isinstance(raw_text, dict) else {}
-        body = text.get("text")
-        if block.get("type") == "section" and body is not None and not 0 < len(body) <= 3000:
-            errors.append(f"must be 1 to 3000 characters [json-pointer:/blocks/{i}/text/text]")
-        raw_elements = block.get("elements")
-        elements: list[Any] = raw_elements if isinstance(raw_elements, list) else []
-        for element in elements:
-            if not isinstance(element, dict):
-                errors.append(f"must be an object [json-pointer:/blocks/{i}/elements]")
-                continue
-            if len(str(element.get("value", ""))) > 2000:
-                errors.append(f"value over 2000 characters [json-pointer:/blocks/{i}]")
-            if len(str(element.get("action_id", ""))) > 255:
-                errors.append(f"action_id over 255 characters [json-pointer:/blocks/{i}]")
-    if errors:
-        raise ApiError("invalid_blocks", errors=errors)
 
 
 def check_view(view: dict[str, Any]) -> None:

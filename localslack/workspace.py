@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from localslack import streams as st
 from localslack.identity import Channel, Identity, bot_record, user_record
 
 log = logging.getLogger("opsloop.local.workspace")
@@ -29,6 +30,12 @@ log = logging.getLogger("opsloop.local.workspace")
 SNAPSHOT_VERSION = 1
 MAX_EPHEMERALS = 1000
 TRIGGER_TTL_S = 3.0  # a trigger_id expires 3 s after the click (Slack's rule)
+# Slack ends a stream about five minutes after it started, whatever was appended since
+# (https://github.com/slackapi/python-slack-sdk/issues/1859).
+STREAM_TTL_S = 300.0
+# assistant.threads.setStatus: "A two minute timeout applies, which will cause the status
+# to be removed if no message has been sent" (and a message sent in the thread ends it).
+STATUS_TTL_S = 120.0
 _USER_ID = re.compile(r"^[UW][A-Z0-9]+$")
 _TS = re.compile(r"^([0-9]{1,12})\.([0-9]{1,6})$")
 
@@ -40,6 +47,8 @@ ChangeKind = Literal[
     "view_updated",
     "view_closed",
     "home",  # ``user``'s App Home tab was published
+    "stream_changed",  # a streamed message grew or ended (no event to the app)
+    "agent_status",  # a thread's loading status or agent session changed
 ]
 
 
@@ -104,6 +113,15 @@ class Workspace:
         self._triggers: dict[str, tuple[str, float]] = {}  # trigger -> (user, issued at)
         self._triggers_used: set[str] = set()
         self._listeners: list[Listener] = []
+        # The agent surfaces (localslack.agent_api). Settings first: tests shorten the
+        # timeouts or advance the clock; agent_view off is an app not declared an agent.
+        self.stream_ttl_s = STREAM_TTL_S
+        self.status_ttl_s = STATUS_TTL_S
+        self.agent_view = True
+        self.streams_refused: dict[str, str] = {}  # channel -> chat.startStream's error
+        self.streams: dict[str, dict[str, Any]] = {}  # "channel/ts" -> stream (streams.py)
+        self.statuses: dict[str, dict[str, Any]] = {}  # "channel/thread_ts" -> loading status
+        self.sessions: dict[str, dict[str, Any]] = {}  # "channel/thread_ts" -> agent session
 
     # --- listeners ----------------------------------------------------------------------
 
@@ -173,6 +191,8 @@ class Workspace:
     def add_message(self, channel: str, message: dict[str, Any]) -> dict[str, Any]:
         """Store a new message (its ``ts`` set) and tell the listeners."""
         self._note_ts(message["ts"])
+        if message.get("bot_id") == self.identity.bot_id and message.get("thread_ts"):
+            self.clear_status(channel, message["thread_ts"])  # the app answered
         messages = self.messages.setdefault(channel, [])
         messages.append(message)
         messages.sort(key=lambda m: _sort_key(m["ts"]))
@@ -215,6 +235,79 @@ class Workspace:
 
     def ephemerals_for(self, user: str, channel: str) -> list[dict[str, Any]]:
         return [e for e in self.ephemerals if e["user"] == user and e["channel"] == channel]
+
+    # --- the agent surfaces: streams, loading statuses, agent sessions -------------------
+
+    def add_stream(self, channel: str, message: dict[str, Any], stream: dict[str, Any]) -> None:
+        """A streamed message starts: stored like a post (the app hears of it too)."""
+        self.streams[f"{channel}/{message['ts']}"] = stream
+        message["text"], message["blocks"] = st.show(stream)
+        self.add_message(channel, message)
+
+    def stream(self, channel: str, ts: Any) -> dict[str, Any] | None:
+        """The stream of the message ``ts``, ended first if Slack's time for it is up."""
+        stream = self.streams.get(f"{channel}/{ts}")
+        if stream is not None and st.is_open(stream):
+            at = stream["started_at"] + self.stream_ttl_s
+            if self.clock() >= at:
+                st.end(stream, "expired", at)
+                self.stream_changed(stream)
+        return stream
+
+    def stream_changed(self, stream: dict[str, Any]) -> None:
+        """Show ``stream`` as it now is in its message (the page hears; the app does not)."""
+        message = self.find(stream["channel"], stream["ts"])
+        if message is None:
+            return
+        message["text"], message["blocks"] = st.show(stream)
+        self.touch()
+        self._tell(Change("stream_changed", {"message": message}, channel=stream["channel"]))
+
+    def streams_in(self, channel: str, thread_ts: str) -> list[dict[str, Any]]:
+        found = (self.stream(channel, m["ts"]) for m in self.thread(channel, thread_ts))
+        return [s for s in found if s is not None]
+
+    def stop_by_user(self, channel: str, thread_ts: str) -> list[str]:
+        """The stop button of the thread's agent session: Slack stops the app's open
+        streams there and names them in ``agent_session_stopped``; the session's status
+        stays as it was (the app moves it on)."""
+        stopped = [s for s in self.streams_in(channel, thread_ts) if st.is_open(s)]
+        for stream in stopped:
+            st.end(stream, "stopped_by_user", self.clock())
+            self.stream_changed(stream)
+        return [s["ts"] for s in stopped]
+
+    def set_status(self, channel: str, thread_ts: str, status: str, loading: list[str]) -> None:
+        """The thread's loading status ("" clears it)."""
+        key = f"{channel}/{thread_ts}"
+        if status:
+            self.statuses[key] = {"status": status, "loading_messages": loading, "at": self.clock()}
+        elif self.statuses.pop(key, None) is None:
+            return
+        self._tell(Change("agent_status", {"thread_ts": thread_ts}, channel=channel))
+
+    def clear_status(self, channel: str, thread_ts: str) -> None:
+        self.set_status(channel, thread_ts, "", [])
+
+    def status_of(self, channel: str, thread_ts: str) -> dict[str, Any] | None:
+        """The loading status shown under the thread now (None once its time is up)."""
+        status = self.statuses.get(f"{channel}/{thread_ts}")
+        if status is None or self.clock() - status["at"] >= self.status_ttl_s:
+            return None
+        return status
+
+    def set_session(self, channel: str, thread_ts: str | None, **fields: Any) -> None:
+        """Create or update the agent session of the thread (of the DM: ``thread_ts``
+        None); fields given as None are left as they were."""
+        key = f"{channel}/{thread_ts or ''}"
+        session = self.sessions.setdefault(key, {"channel": channel, "thread_ts": thread_ts})
+        session.update({k: v for k, v in fields.items() if v is not None})
+        session["at"] = self.clock()
+        self.touch()
+        self._tell(Change("agent_status", {"thread_ts": thread_ts}, channel=channel))
+
+    def session_of(self, channel: str, thread_ts: str | None) -> dict[str, Any] | None:
+        return self.sessions.get(f"{channel}/{thread_ts or ''}")
 
     # --- modals and Home ----------------------------------------------------------------
 
@@ -286,6 +379,8 @@ class Workspace:
             "messages": self.messages,
             "home_views": self.home_views,
             "outbox": self.outbox,
+            "streams": self.streams,
+            "sessions": self.sessions,
         }
 
     def restore(self, data: dict[str, Any]) -> None:
@@ -303,7 +398,17 @@ class Workspace:
         }
         self.home_views = dict(data.get("home_views") or {})
         self.outbox = dict(data.get("outbox") or {})
+        streams = data.get("streams") or {}
+        if not isinstance(streams, dict) or not all(
+            isinstance(v, dict) and _STREAM_KEYS <= v.keys() for v in streams.values()
+        ):
+            raise ValueError("the saved streams are malformed")
+        self.streams = dict(streams)
+        self.sessions = dict(data.get("sessions") or {})
         self._last_us = max(self._last_us, int(data.get("last_ts") or 0))
+
+
+_STREAM_KEYS = frozenset(st.new_stream(channel="", ts="", thread_ts="", mode="", started_at=0))
 
 
 def _sort_key(ts: str) -> tuple[int, int]:

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WaitAnswer:
+    """How the wait a call asked for with ``WaitFor(resumes=True)`` ended: the wait's
+    ``data`` as the tool gave it, and ``result`` (what ``wait_finished`` brought, e.g. a
+    person's answer; empty when it timed out)."""
+
+    data: dict[str, Any]
+    result: dict[str, Any]
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -19,6 +31,8 @@ class ToolContext:
     ``first_started_at`` is when the call's first attempt started: whatever an earlier,
     interrupted attempt did happened after it, so a tool that looks for its own effect
     before repeating it (a dispatched workflow run) looks no further back.
+    ``answer`` is how the call's resuming wait ended, handed to the attempt right after
+    it only (None otherwise).
     """
 
     thread_id: str
@@ -28,3 +42,4 @@ class ToolContext:
     requester: str | None = None
     definition_hash: str | None = None
     first_started_at: datetime | None = None
+    answer: WaitAnswer | None = None

@@ -14,12 +14,18 @@ class WaitFor:
     ``data`` is persisted (so it must be JSON-serialisable) and handed back to
     the tool's poll function, possibly after a process restart.  The wait fails
     after ``timeout_s``; ``poll_every_s`` of None lets the engine pick a cadence.
+
+    ``resumes``: the tool asks a person mid-call and goes on with the answer: when the
+    wait ends (finished or timed out) the call runs again, its next attempt handed how
+    it ended (``ToolContext.answer``), and that attempt's outcome is the call's. Any
+    tool may ask so, whatever its policy.
     """
 
     description: str
     data: dict = field(default_factory=dict)
     timeout_s: float = 3600.0
     poll_every_s: float | None = None
+    resumes: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, dict):
@@ -40,6 +46,7 @@ class WaitFor:
             "data": self.data,
             "timeout_s": self.timeout_s,
             "poll_every_s": self.poll_every_s,
+            "resumes": self.resumes,
         }
 
     @classmethod
@@ -50,4 +57,5 @@ class WaitFor:
             data=dict(raw.get("data") or {}),
             timeout_s=float(raw.get("timeout_s", 3600.0)),
             poll_every_s=raw.get("poll_every_s"),
+            resumes=bool(raw.get("resumes", False)),
         )

@@ -16,6 +16,7 @@ from bot.mrkdwn import date, escape, for_people, mention, truncate
 from bot.render import readable
 from bot.render.alerts import alert_line
 from bot.render.common import People, context, section, short, titled, trace
+from bot.render.elicitation import question_blocks
 from engine import events as ev
 from engine.rules import rule_name
 
@@ -115,14 +116,24 @@ def _retry(e: ev.RetryScheduled, seen: _Seen) -> list[Block]:
 
 
 def _wait_started(e: ev.WaitStarted, seen: _Seen) -> list[Block]:
+    # A tool's question to the requester (MCP elicitation) is asked with its buttons.
+    asked = question_blocks(e, requester=seen.requester, people=seen.people)
+    if asked is not None:
+        return asked
     return [context(f"⏳ Waiting for {short(e.description, 500)} (gives up {date(e.timeout_at)})")]
 
 
 def _wait_finished(e: ev.WaitFinished, seen: _Seen) -> list[Block]:
+    if e.resumes:  # a person's answer to the tool's question: what they chose, not
+        action = e.result.get("action")  # what they typed (the trace has that)
+        said = {"accept": "answered", "decline": "declined"}.get(str(action), "cancelled")
+        return [context(f"✔️ {mention(e.actor)} {said} the question; the call goes on")]
     return [context(f"✔️ The wait is over{_readable(e.result)}")]
 
 
 def _wait_timed_out(e: ev.WaitTimedOut, seen: _Seen) -> list[Block]:
+    if e.resumes:
+        return [context("⌛ Nobody answered the question in time: the tool is told so")]
     return [context("⌛ Gave up waiting: it timed out")]
 
 

@@ -29,6 +29,17 @@ Decisions, checked against the SDK's source (anthropic 2.14):
   ``stop_reason`` verbatim (``max_tokens``, ``refusal``… are judged by the policy:
   a tool call cut at ``max_tokens`` is never executed); usage with cache tokens.
 
+- **Streaming** (``on_text`` given): the same request through ``messages.stream``; a
+  final answer's text goes to ``on_text`` as it arrives (``AnswerRelay``: the pieces
+  join to exactly ``Decision.text``), and the ``Decision`` is built from the SDK's
+  accumulated final message by the same code as a plain reply's, so the log records
+  the same decision (same prompt hash, same cut-off rule). The sink is reset when the
+  reply turns out not to be an answer (a tool call after some words, a stop other than
+  ``end_turn`` / ``stop_sequence``) and when the request fails, so a retry (ours: the
+  SDK has none) starts the text over. An ``error`` event inside the stream (HTTP 200)
+  is judged by its type: ``overloaded_error``, ``api_error``, ``rate_limit_error`` and
+  ``timeout_error`` are retryable.
+
 The SDK sends the key as ``Authorization: Bearer <key>`` (its ``_api_key_auth``), and
 ``ANTHROPIC_BASE_URL`` is read by the SDK itself when no ``base_url`` is given.
 """
@@ -50,7 +61,8 @@ from engine.config import ModelSettings, load_settings
 from engine.context import Prompt
 from engine.errors import ConfigError
 from engine.events import Usage
-from engine.models.base import Decision, ModelError, ToolUse
+from engine.models.answer_relay import AnswerRelay, paired
+from engine.models.base import Decision, ModelError, TextSink, ToolUse, is_answer
 
 log = logging.getLogger("opsloop.models.anthropic")
 
@@ -67,6 +79,15 @@ _MAX_API_MESSAGE = 300
 _SPEND_LIMITS = {"enforced_spend_limit_reached", "contract_spend_limit_reached"}
 _KEY_LIKE = re.compile(r"sk-ant-[A-Za-z0-9_\-]{4,}")
 _NO_AUTH = "Could not resolve authentication method"
+# An ``error`` event in a streamed reply (its HTTP status was 200): the error types worth
+# another try, by the name ``error_kind`` gives them.
+_STREAM_KINDS = {
+    "overloaded_error": "overloaded",
+    "api_error": "server",
+    "rate_limit_error": "rate_limited",
+    "timeout_error": "timeout",
+}
+_STREAM_RETRYABLE = frozenset(_STREAM_KINDS)
 
 
 class AnthropicModel:
@@ -123,17 +144,54 @@ class AnthropicModel:
         """Close the HTTP connections (the client's, also when it was passed in)."""
         await self.client.close()
 
-    async def next_step(self, prompt: Prompt) -> Decision:
+    async def next_step(self, prompt: Prompt, *, on_text: TextSink | None = None) -> Decision:
         started = time.monotonic()
+        relay = AnswerRelay(on_text) if on_text is not None else None
         try:
-            reply = await self.client.messages.create(
-                model=self.name,
-                max_tokens=self.max_tokens,
-                system=prompt.system if prompt.system else omit,  # type: ignore[arg-type]
-                messages=prompt.messages,  # type: ignore[arg-type]
-                tools=prompt.tools if prompt.tools else omit,  # type: ignore[arg-type]
-                tool_choice=TOOL_CHOICE if prompt.tools else omit,  # type: ignore[arg-type]
-            )
+            reply, request_id = await self._send(prompt, relay)
+            try:
+                decision = self._decision(reply)
+            except ModelError:
+                metrics.MODEL_ERRORS.labels(kind="invalid_reply").inc()
+                raise
+        except Exception:
+            if relay is not None:
+                await relay.void()  # a retry starts the text over
+            raise
+        if relay is not None and not is_answer(decision):
+            await relay.void()  # words before a tool call, a cut or refused reply
+        log.info(
+            "model step model=%s request_id=%s stop_reason=%s tool=%s in=%d out=%d "
+            "cache_read=%d cache_write=%d %.2fs",
+            decision.model,
+            request_id,
+            decision.stop_reason,
+            decision.tool_use.name if decision.tool_use else None,
+            decision.usage.input_tokens,
+            decision.usage.output_tokens,
+            decision.usage.cache_read_input_tokens,
+            decision.usage.cache_creation_input_tokens,
+            time.monotonic() - started,
+        )
+        return decision
+
+    async def _send(
+        self, prompt: Prompt, relay: AnswerRelay | None
+    ) -> tuple[anthropic.types.Message, str | None]:
+        """The reply to ``prompt`` and its request id; SDK failures become ``ModelError``."""
+        params: dict[str, Any] = {
+            "model": self.name,
+            "max_tokens": self.max_tokens,
+            "system": prompt.system if prompt.system else omit,
+            "messages": prompt.messages,
+            "tools": prompt.tools if prompt.tools else omit,
+            "tool_choice": TOOL_CHOICE if prompt.tools else omit,
+        }
+        try:
+            if relay is None:
+                reply = await self.client.messages.create(**params)
+                return reply, getattr(reply, "_request_id", None)
+            return await self._streamed(params, relay)
         except anthropic.AnthropicError as exc:
             metrics.MODEL_ERRORS.labels(kind=error_kind(exc)).inc()
             raise self._model_error(exc) from None
@@ -145,25 +203,36 @@ class AnthropicModel:
             raise ModelError(
                 "no Anthropic credentials: set ANTHROPIC_API_KEY", retryable=False
             ) from None
-        try:
-            decision = self._decision(reply)
-        except ModelError:
-            metrics.MODEL_ERRORS.labels(kind="invalid_reply").inc()
-            raise
-        log.info(
-            "model step model=%s request_id=%s stop_reason=%s tool=%s in=%d out=%d "
-            "cache_read=%d cache_write=%d %.2fs",
-            decision.model,
-            getattr(reply, "_request_id", None),
-            decision.stop_reason,
-            decision.tool_use.name if decision.tool_use else None,
-            decision.usage.input_tokens,
-            decision.usage.output_tokens,
-            decision.usage.cache_read_input_tokens,
-            decision.usage.cache_creation_input_tokens,
-            time.monotonic() - started,
-        )
-        return decision
+
+    async def _streamed(
+        self, params: dict[str, Any], relay: AnswerRelay
+    ) -> tuple[anthropic.types.Message, str | None]:
+        """The reply, streamed: text deltas go to ``relay`` as they arrive; the SDK
+        accumulates the same events into the whole message the decision is made from."""
+        async with self.client.messages.stream(**params) as stream:
+            events = aiter(stream)
+            while True:
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except (ValueError, RuntimeError) as exc:
+                    # The SDK's accumulation refused the stream (tool input that is not
+                    # JSON, events out of order, an event that is not JSON): as an
+                    # unreadable plain reply. Caught here only: the sink's own failures
+                    # are not the API's.
+                    metrics.MODEL_ERRORS.labels(kind="invalid_reply").inc()
+                    log.warning("unreadable streamed reply: %s", self._clean(str(exc))[:300])
+                    raise ModelError(
+                        "the Anthropic API streamed a reply we cannot read", retryable=True
+                    ) from None
+                if event.type == "content_block_start":
+                    await relay.block_started(event.content_block.type)
+                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    await relay.text(event.delta.text)
+                elif event.type == "content_block_stop":
+                    await relay.block_stopped()
+            return await stream.get_final_message(), stream.request_id
 
     # --- the reply --------------------------------------------------------------------
 
@@ -172,8 +241,11 @@ class AnthropicModel:
         uses: list[ToolUse] = []
         for block in reply.content:
             if block.type == "text":
-                if block.text.strip():
-                    texts.append(block.text.strip())
+                # ``paired``: a streamed reply's text is its deltas joined, and a pair
+                # split across two deltas would stay two halves (a no-op otherwise).
+                text = paired(block.text).strip()
+                if text:
+                    texts.append(text)
             elif block.type == "tool_use":
                 if not isinstance(block.input, Mapping):
                     raise ModelError(
@@ -245,6 +317,15 @@ class AnthropicModel:
         said = self._api_message(exc)
         suffix = f" [request-id {exc.request_id}]" if exc.request_id else ""
         retry_after = parse_retry_after(headers)
+
+        if status < 400:
+            # An ``error`` event inside a streamed reply: the HTTP status was 200.
+            kind = etype or "error"
+            return ModelError(
+                f"the Anthropic API failed mid-reply ({kind}){said}{suffix}",
+                retryable=etype in _STREAM_RETRYABLE,
+                retry_after=retry_after if etype in _STREAM_RETRYABLE else None,
+            )
 
         if status == 429 and exc.error_code in _SPEND_LIMITS:
             msg = f"the Anthropic organization's spend limit is reached ({code}){said}"
@@ -320,6 +401,8 @@ def error_kind(exc: anthropic.AnthropicError) -> str:
     if not isinstance(exc, anthropic.APIStatusError):
         return "other"
     status = exc.status_code
+    if status < 400:  # an error event inside a streamed reply
+        return _STREAM_KINDS.get(exc.type or "", "other")
     if status == 429:
         return "spend_limit" if exc.error_code in _SPEND_LIMITS else "rate_limited"
     if status == 529 or exc.type == "overloaded_error":

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from engine.context import Prompt
 from engine.events import CLARIFICATION_TOOL, Usage
-from engine.models.base import Decision, ToolUse
+from engine.models.base import Decision, TextSink, ToolUse, hand_over
 
 PHRASEBOOK: list[tuple[str, str]] = [
     ("look up rollback", "searches the docs (search_docs, runs at once) and sums up the hits"),
@@ -197,10 +197,13 @@ class PhrasebookModel:
 
     name = "offline phrasebook"
 
-    async def next_step(self, prompt: Prompt) -> Decision:
+    async def next_step(self, prompt: Prompt, *, on_text: TextSink | None = None) -> Decision:
         step = _next(_read(prompt.messages), {t.get("name") for t in prompt.tools})
         if step.tool is None:
-            return Decision(text=step.text, stop_reason="end_turn", usage=Usage(), model=self.name)
+            answer = Decision(
+                text=step.text, stop_reason="end_turn", usage=Usage(), model=self.name
+            )
+            return await hand_over(answer, on_text)
         turn = prompt.turn if prompt.turn >= 0 else _assistant_turns(prompt)
         # The id makes the idempotency key, so it must be the same on a replay and new
         # for each decision of the thread: the decision count gives both.

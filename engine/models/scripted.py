@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.context import Prompt
-from engine.models.base import Decision, ToolUse
+from engine.models.base import Decision, TextSink, ToolUse, hand_over
 
 Step = Decision | Callable[[Prompt], Decision]
 
@@ -52,19 +52,20 @@ class ScriptedModel:
         self.latency = latency
         self.calls = 0
 
-    async def next_step(self, prompt: Prompt) -> Decision:
+    async def next_step(self, prompt: Prompt, *, on_text: TextSink | None = None) -> Decision:
         self.calls += 1
         if self.latency:
             await asyncio.sleep(self.latency)
         index = prompt.turn if prompt.turn >= 0 else assistant_turns(prompt)
         if index >= len(self.script):
-            return say("(the script has ended)")
+            return await hand_over(say("(the script has ended)"), on_text)
         step = self.script[index]
         decision = step(prompt) if callable(step) else step
-        return Decision(
+        played = Decision(
             text=decision.text,
             tool_use=decision.tool_use,
             stop_reason=decision.stop_reason,
             usage=decision.usage,
             model=self.name,
         )
+        return await hand_over(played, on_text)

@@ -12,6 +12,7 @@ from engine.db import create_engine, parse_database_url
 from engine.store.base import (
     SNAPSHOT_EVERY,
     TIMED_STATUSES,
+    McpOAuthRecord,
     OnRunnable,
     Store,
     WorkerInfo,
@@ -52,6 +53,7 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "TIMED_STATUSES",
     "Appended",
+    "McpOAuthRecord",
     "OnRunnable",
     "Store",
     "ThreadInfo",

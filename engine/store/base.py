@@ -44,6 +44,7 @@ from engine.events import AnyEvent, Event, GrantCreated, GrantRevoked, utcnow
 from engine.grants import GRANT_LONGEST_S
 from engine.state import ThreadState, reduce
 from engine.types import Appended, Decided, ThreadInfo, ThreadKey
+from tools.mcp.oauth_record import McpOAuthRecord, TakenCode
 
 SNAPSHOT_EVERY = 200
 # Statuses whose wake_at means "look again at this time".
@@ -97,6 +98,12 @@ class WorkerInfo:
     started_at: datetime
     heartbeat_at: datetime
     alive: bool
+
+
+MCP_OAUTH_COLUMNS = (
+    "server, binding, tokens, expires_at, client_info, pending_state, pending_verifier, "
+    "pending_url, pending_since, code, iss, updated_at"
+)
 
 
 # Called with a thread id when another session made that thread runnable (PostgreSQL
@@ -637,6 +644,52 @@ class Store(abc.ABC):
         wanted = None if thread_ids is None else list(thread_ids)
         rows = await self._sizes(wanted)
         return {r["thread_id"]: (int(r["events"]), int(r["bytes"])) for r in rows}
+
+    # --- MCP OAuth (tools/mcp/auth.py): one row per server, every replica's ------------
+    #
+    # A row whose ``binding`` is not the configuration's is deleted by its reader; the
+    # upserts set their columns (and the binding) and leave the others as they are.
+
+    @abc.abstractmethod
+    async def select_mcp_oauth(self, server: str) -> McpOAuthRecord | None: ...
+
+    @abc.abstractmethod
+    async def upsert_mcp_tokens(
+        self,
+        server: str,
+        binding: str,
+        tokens: str | None,
+        expires_at: datetime | None,
+        now: datetime,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    async def upsert_mcp_client(
+        self, server: str, binding: str, client_info: str, now: datetime
+    ) -> None: ...
+
+    @abc.abstractmethod
+    async def upsert_mcp_pending(
+        self, server: str, binding: str, state: str, verifier: str, url: str, now: datetime
+    ) -> None:
+        """Ask for a new authorization (``state``, its PKCE ``verifier``, the ``url`` an
+        admin opens); an earlier one, and a code it brought, are void."""
+
+    @abc.abstractmethod
+    async def answer_mcp_pending(
+        self, state: str, code: str, iss: str | None, now: datetime
+    ) -> str | None:
+        """Keep the ``code`` the callback brought for the authorization asked with
+        ``state``: the server's name, or None when no authorization waits for that
+        state (unknown, replaced, answered already)."""
+
+    @abc.abstractmethod
+    async def take_mcp_code(self, server: str, state: str, now: datetime) -> TakenCode | None:
+        """Take the code brought for ``server``'s authorization ``state``, once (the
+        authorization is then done): of replicas racing for it, one gets it."""
+
+    @abc.abstractmethod
+    async def delete_mcp_oauth(self, server: str) -> None: ...
 
     # --- metrics (GET /metrics) ---------------------------------------------------------
 

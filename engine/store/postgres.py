@@ -26,18 +26,21 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
+    MCP_OAUTH_COLUMNS,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
     Log,
+    McpOAuthRecord,
     OnRunnable,
     Outcome,
     Previous,
     Row,
     Store,
+    TakenCode,
     WorkerInfo,
 )
-from engine.tables import DECIDED, EVENTS, GRANTING, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, GRANTING, MCP_OAUTH, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -369,6 +372,46 @@ SELECT min(asked) FROM (
     WHERE t.status = 'awaiting_approval' GROUP BY t.id
 ) AS pending
 """)
+# MCP OAuth (tools/mcp/auth.py).
+MCP_OAUTH_SQL = Statement(f"SELECT {MCP_OAUTH_COLUMNS} FROM mcp_oauth WHERE server = :server")
+MCP_TOKENS_SQL = Statement("""
+INSERT INTO mcp_oauth (server, binding, tokens, expires_at, updated_at)
+VALUES (:server, :binding, :tokens, :expires_at, :now)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding, tokens = excluded.tokens,
+    expires_at = excluded.expires_at, updated_at = excluded.updated_at
+""")
+MCP_CLIENT_SQL = Statement("""
+INSERT INTO mcp_oauth (server, binding, client_info, updated_at)
+VALUES (:server, :binding, :client_info, :now)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding,
+    client_info = excluded.client_info, updated_at = excluded.updated_at
+""")
+MCP_PENDING_SQL = Statement("""
+INSERT INTO mcp_oauth (server, binding, pending_state, pending_verifier, pending_url,
+    pending_since, updated_at) VALUES (:server, :binding, :state, :verifier, :url, :now, :now)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding,
+    pending_state = excluded.pending_state, pending_verifier = excluded.pending_verifier,
+    pending_url = excluded.pending_url, pending_since = excluded.pending_since,
+    code = NULL, iss = NULL, updated_at = excluded.updated_at
+""")
+# Only an authorization still waiting takes a code.
+MCP_ANSWER_SQL = Statement("""
+UPDATE mcp_oauth SET code = :code, iss = :iss, updated_at = :now
+WHERE pending_state = :state AND code IS NULL RETURNING server
+""")
+# The code as it was, and the row cleared, in one statement: of two replicas taking it,
+# the second's locked read sees the cleared row and takes nothing.
+MCP_TAKE_SQL = Statement("""
+UPDATE mcp_oauth m SET code = NULL, iss = NULL, pending_state = NULL,
+    pending_verifier = NULL, pending_url = NULL, pending_since = NULL, updated_at = :now
+FROM (
+    SELECT server, code, iss, pending_verifier FROM mcp_oauth
+    WHERE server = :server AND pending_state = :state AND code IS NOT NULL FOR UPDATE
+) AS old
+WHERE m.server = old.server
+RETURNING old.code, old.iss, old.pending_verifier
+""")
+MCP_DELETE_SQL = Statement("DELETE FROM mcp_oauth WHERE server = :server")
 PING_SQL = Statement("SELECT 1")
 # Whether the search path finds opsloop's tables (as SQLAlchemy's ``has_table`` asks).
 HAS_SCHEMA_SQL = Statement("""
@@ -457,7 +500,7 @@ def _create_and_stamp(conn: sa.Connection) -> None:
     """Create missing tables; stamp a new database at this release's schema revision
     (one with tables already is left to ``opsloop migrate``, engine.migrations)."""
     found = sa.inspect(conn).has_table("threads")
-    SQLModel.metadata.create_all(conn, tables=[THREADS, EVENTS, SNAPSHOTS, WORKERS])
+    SQLModel.metadata.create_all(conn, tables=[THREADS, EVENTS, SNAPSHOTS, WORKERS, MCP_OAUTH])
     if not found:
         VERSION_TABLE.create(conn, checkfirst=True)
         conn.execute(VERSION_TABLE.insert().values(version_num=HEAD))
@@ -775,6 +818,62 @@ class PostgresStore(Store):
 
     async def _connect(self) -> asyncpg.Connection:
         return await asyncpg.connect(self._dsn, server_settings=self._settings, timeout=10)
+
+    # --- MCP OAuth ----------------------------------------------------------------------
+
+    async def select_mcp_oauth(self, server: str) -> McpOAuthRecord | None:
+        row = await self._fetchrow(MCP_OAUTH_SQL, server=server)
+        return McpOAuthRecord(**dict(row)) if row is not None else None
+
+    async def upsert_mcp_tokens(
+        self,
+        server: str,
+        binding: str,
+        tokens: str | None,
+        expires_at: datetime | None,
+        now: datetime,
+    ) -> None:
+        await self._execute(
+            MCP_TOKENS_SQL,
+            server=server,
+            binding=binding,
+            tokens=tokens,
+            expires_at=expires_at,
+            now=now,
+        )
+
+    async def upsert_mcp_client(
+        self, server: str, binding: str, client_info: str, now: datetime
+    ) -> None:
+        await self._execute(
+            MCP_CLIENT_SQL, server=server, binding=binding, client_info=client_info, now=now
+        )
+
+    async def upsert_mcp_pending(
+        self, server: str, binding: str, state: str, verifier: str, url: str, now: datetime
+    ) -> None:
+        await self._execute(
+            MCP_PENDING_SQL,
+            server=server,
+            binding=binding,
+            state=state,
+            verifier=verifier,
+            url=url,
+            now=now,
+        )
+
+    async def answer_mcp_pending(
+        self, state: str, code: str, iss: str | None, now: datetime
+    ) -> str | None:
+        server = await self._fetchval(MCP_ANSWER_SQL, state=state, code=code, iss=iss, now=now)
+        return str(server) if server is not None else None
+
+    async def take_mcp_code(self, server: str, state: str, now: datetime) -> TakenCode | None:
+        row = await self._fetchrow(MCP_TAKE_SQL, server=server, state=state, now=now)
+        return (row["code"], row["iss"], row["pending_verifier"]) if row is not None else None
+
+    async def delete_mcp_oauth(self, server: str) -> None:
+        await self._execute(MCP_DELETE_SQL, server=server)
 
     # --- housekeeping: archive and sizes -----------------------------------------------
 

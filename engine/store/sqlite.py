@@ -38,19 +38,22 @@ from engine.schema import HEAD, VERSION_TABLE
 from engine.state import ThreadState
 from engine.store.base import (
     EVENT_COLUMNS,
+    MCP_OAUTH_COLUMNS,
     THREAD_COLUMNS,
     TIMED_STATUSES,
     Duplicate,
     Log,
+    McpOAuthRecord,
     OnRunnable,
     Outcome,
     Previous,
     Row,
     Store,
+    TakenCode,
     WorkerInfo,
 )
 from engine.store.locks import WorkerLocks, worker_of
-from engine.tables import DECIDED, EVENTS, GRANTING, SNAPSHOTS, THREADS, WORKERS
+from engine.tables import DECIDED, EVENTS, GRANTING, MCP_OAUTH, SNAPSHOTS, THREADS, WORKERS
 from engine.types import ThreadKey
 
 T = TypeVar("T")
@@ -218,6 +221,41 @@ SELECT min(asked) FROM (
     WHERE t.status = 'awaiting_approval' GROUP BY t.id
 ) AS pending
 """
+# MCP OAuth (tools/mcp/auth.py): ?1 server, ?2 binding, then the columns set, ?N now.
+MCP_OAUTH_SQL = f"SELECT {MCP_OAUTH_COLUMNS} FROM mcp_oauth WHERE server = ?"
+MCP_TOKENS_SQL = """
+INSERT INTO mcp_oauth (server, binding, tokens, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding, tokens = excluded.tokens,
+    expires_at = excluded.expires_at, updated_at = excluded.updated_at
+"""
+MCP_CLIENT_SQL = """
+INSERT INTO mcp_oauth (server, binding, client_info, updated_at) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding,
+    client_info = excluded.client_info, updated_at = excluded.updated_at
+"""
+MCP_PENDING_SQL = """
+INSERT INTO mcp_oauth (server, binding, pending_state, pending_verifier, pending_url,
+    pending_since, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+ON CONFLICT (server) DO UPDATE SET binding = excluded.binding,
+    pending_state = excluded.pending_state, pending_verifier = excluded.pending_verifier,
+    pending_url = excluded.pending_url, pending_since = excluded.pending_since,
+    code = NULL, iss = NULL, updated_at = excluded.updated_at
+"""
+# ?1 state, ?2 code, ?3 iss, ?4 now: only an authorization still waiting takes it.
+MCP_ANSWER_SQL = """
+UPDATE mcp_oauth SET code = ?2, iss = ?3, updated_at = ?4
+WHERE pending_state = ?1 AND code IS NULL RETURNING server
+"""
+# Taken in the write transaction: the read, then the clearing update (one writer).
+MCP_CODE_SQL = """
+SELECT code, iss, pending_verifier FROM mcp_oauth
+WHERE server = ?1 AND pending_state = ?2 AND code IS NOT NULL
+"""
+MCP_DONE_SQL = """
+UPDATE mcp_oauth SET code = NULL, iss = NULL, pending_state = NULL, pending_verifier = NULL,
+    pending_url = NULL, pending_since = NULL, updated_at = ?2 WHERE server = ?1
+"""
+MCP_DELETE_SQL = "DELETE FROM mcp_oauth WHERE server = ?"
 PING_SQL = "SELECT 1"
 # Whether the file holds opsloop's tables. The tables are the SQLModel metadata's DDL,
 # compiled in ``create_tables``, which stamps a new database with STAMP_SQL.
@@ -490,7 +528,7 @@ class SqliteStore(Store):
         dialect = sqlite.dialect()
         statements = [
             str(cast(Any, ddl).compile(dialect=dialect)).strip()
-            for table in (THREADS, EVENTS, SNAPSHOTS, WORKERS)
+            for table in (THREADS, EVENTS, SNAPSHOTS, WORKERS, MCP_OAUTH)
             for ddl in (
                 CreateTable(table, if_not_exists=True),
                 *(CreateIndex(index, if_not_exists=True) for index in table.indexes),
@@ -755,6 +793,56 @@ class SqliteStore(Store):
             )
             for row in rows
         ]
+
+    # --- MCP OAuth ----------------------------------------------------------------------
+
+    async def select_mcp_oauth(self, server: str) -> McpOAuthRecord | None:
+        rows = await self._fetch(MCP_OAUTH_SQL, server)
+        return McpOAuthRecord(**dict(rows[0])) if rows else None
+
+    async def upsert_mcp_tokens(
+        self,
+        server: str,
+        binding: str,
+        tokens: str | None,
+        expires_at: datetime | None,
+        now: datetime,
+    ) -> None:
+        await self._execute(MCP_TOKENS_SQL, server, binding, tokens, expires_at, now)
+
+    async def upsert_mcp_client(
+        self, server: str, binding: str, client_info: str, now: datetime
+    ) -> None:
+        await self._execute(MCP_CLIENT_SQL, server, binding, client_info, now)
+
+    async def upsert_mcp_pending(
+        self, server: str, binding: str, state: str, verifier: str, url: str, now: datetime
+    ) -> None:
+        await self._execute(MCP_PENDING_SQL, server, binding, state, verifier, url, now)
+
+    async def answer_mcp_pending(
+        self, state: str, code: str, iss: str | None, now: datetime
+    ) -> str | None:
+        when = sql_time(now)
+        rows = await self._write(
+            lambda conn: conn.execute(MCP_ANSWER_SQL, (state, code, iss, when)).fetchall()
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def take_mcp_code(self, server: str, state: str, now: datetime) -> TakenCode | None:
+        when = sql_time(now)
+
+        def body(conn: sqlite3.Connection) -> TakenCode | None:
+            row = conn.execute(MCP_CODE_SQL, (server, state)).fetchone()
+            if row is None:
+                return None
+            conn.execute(MCP_DONE_SQL, (server, when))
+            return row[0], row[1], row[2]
+
+        return await self._write(body)
+
+    async def delete_mcp_oauth(self, server: str) -> None:
+        await self._execute(MCP_DELETE_SQL, server)
 
     # --- housekeeping: archive and sizes -----------------------------------------------
 

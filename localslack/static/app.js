@@ -31,6 +31,21 @@
 //   thread-composer, thread-composer-input, thread-composer-send, thread-close
 //   block-button             a Block Kit button: data-action-id, data-block-id,
 //                            data-style = primary | danger (absent: default)
+//   stream-state             on a streamed message (which has data-stream = streaming |
+//                            stopped | expired | stopped_by_user): "streaming…" while open,
+//                            how it ended otherwise
+//   plan, plan-title         a plan block: its title and its task cards
+//   task-card                data-task-id, data-status = pending | in_progress | complete |
+//                            error; task-title, task-details, task-output, task-source (a
+//                            link per source)
+//   feedback-button          👍 / 👎 under an answer: data-action-id, data-block-id,
+//                            data-value = positive | negative
+//   agent-bar                under the thread's messages: agent-status (the loading status,
+//                            "opsloop is thinking…", data-status; agent-loading-message
+//                            cycles through its loading messages) and agent-session
+//                            (data-state = processing | suspended | active | closed;
+//                            agent-session-state, agent-session-title, and agent-stop, the
+//                            stop button, while processing)
 //   confirm-overlay          shown while a button's confirm is asked, in confirm-dialog:
 //                            confirm-title, confirm-text, confirm-ok, confirm-cancel
 //   modal-overlay, modal     data-view-id, data-callback-id; modal-title, modal-body,
@@ -228,6 +243,61 @@ async function loadThread() {
   const list = $("thread-messages");
   const items = [data.root, ...[...data.replies, ...data.ephemerals].sort((a, b) => Number(a.ts) - Number(b.ts))];
   keepingScroll(list, () => list.replaceChildren(...items.map((m) => messageNode(m, channel, true))));
+  renderAgent(data.agent || {});
+  // Slack's clock ends loading statuses and streams with no event: look again by then.
+  const ends = [data.agent?.status?.expires_in, ...items.map((m) => m.stream?.expires_in)];
+  const soonest = Math.min(...ends.filter((s) => typeof s === "number"));
+  clearTimeout(timers.expiry);
+  if (Number.isFinite(soonest)) timers.expiry = setTimeout(() => refresh("thread", 0), Math.max(0, soonest) * 1000 + 250);
+}
+
+// --- under the thread: the loading status and the agent session -------------------------------
+
+const SESSION_WORDS = { processing: "Working", suspended: "Waiting", active: "Answered", closed: "Closed" };
+let loadingTimer = null;
+
+function renderAgent({ status, session }) {
+  const bar = $("agent-bar");
+  const line = $("agent-status");
+  clearInterval(loadingTimer);
+  line.hidden = !status;
+  if (status) {
+    line.dataset.status = status.status;
+    const who = el("span", "agent-status-text", `${state.ws.bot.name} ${status.status}`);
+    const cycling = el("span", "agent-loading-message");
+    cycling.dataset.testid = "agent-loading-message";
+    const messages = status.loading_messages || [];
+    let next = 0;
+    const turn = () => {
+      cycling.textContent = messages.length ? messages[next++ % messages.length] : "";
+    };
+    turn();
+    if (messages.length > 1) loadingTimer = setInterval(turn, 2500);
+    line.replaceChildren(el("span", "agent-spinner", "◌"), who, cycling);
+  }
+  const box = $("agent-session");
+  box.hidden = !session || !session.status;
+  if (session && session.status) {
+    box.dataset.state = session.status;
+    const label = $("agent-session-state");
+    label.textContent = SESSION_WORDS[session.status] || session.status;
+    label.className = `agent-session-state agent-session-${session.status}`;
+    $("agent-session-title").textContent = session.title || "";
+    $("agent-stop").hidden = session.status !== "processing";
+  }
+  bar.hidden = line.hidden && box.hidden;
+}
+
+async function stopAgent() {
+  const button = $("agent-stop");
+  button.disabled = true;
+  try {
+    await api("POST", "/ui/agent/stop", { user: state.me, channel: state.channel, thread_ts: state.thread });
+  } catch (err) {
+    toast(err.message);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 function keepingScroll(list, render) {
@@ -363,6 +433,14 @@ function messageNode(message, channelId, inThread) {
   meta.appendChild(el("time", "msg-time", timeOf(message.ts)));
   if (message.edited) meta.appendChild(el("span", "msg-edited", "(edited)"));
   if (message.ephemeral) meta.appendChild(el("span", "msg-only-you", "Only visible to you"));
+  if (message.stream) {
+    node.dataset.stream = message.stream.state;
+    const words = STREAM_WORDS[message.stream.state] ?? message.stream.state;
+    const chip = el("span", `msg-stream msg-stream-${message.stream.state}`, words);
+    chip.dataset.testid = "stream-state";
+    chip.hidden = !words;
+    meta.appendChild(chip);
+  }
   body.appendChild(meta);
 
   const content = el("div", "msg-text");
@@ -370,7 +448,7 @@ function messageNode(message, channelId, inThread) {
   const blocks = Array.isArray(message.blocks) ? message.blocks : [];
   const richOnly = blocks.every((b) => b && b.type === "rich_text");
   if (blocks.length && !richOnly) {
-    const onButton = message.ephemeral ? undefined : (item, blockId, button) => press(message, channelId, item, blockId, button);
+    const onButton = message.ephemeral ? undefined : (item, blockId, button, value) => press(message, channelId, item, blockId, button, value);
     content.appendChild(renderBlocks(blocks, renderContext({ onButton })));
   } else {
     content.appendChild(renderMrkdwn(message.text || "", renderContext()));
@@ -399,7 +477,15 @@ function messageNode(message, channelId, inThread) {
   return node;
 }
 
-async function press(message, channelId, item, blockId, button) {
+// How a streamed message's state reads beside its author.
+const STREAM_WORDS = {
+  streaming: "streaming…",
+  stopped: "",
+  expired: "ended by Slack (5 minutes)",
+  stopped_by_user: "stopped",
+};
+
+async function press(message, channelId, item, blockId, button, value) {
   if (item.confirm && !(await confirmWith(item.confirm))) return;
   button.disabled = true;
   button.classList.add("busy");
@@ -410,6 +496,7 @@ async function press(message, channelId, item, blockId, button) {
       message_ts: message.ts,
       action_id: item.action_id,
       block_id: blockId,
+      ...(value ? { value } : {}),
     });
     if (!result.ok) toast(result.error || "The app did not take the click.");
   } catch (err) {
@@ -767,6 +854,7 @@ function go(channel, thread) {
 
 function closeThread() {
   state.thread = null;
+  clearInterval(loadingTimer);
   $("thread-pane").hidden = true;
   setTrace(false);
 }
@@ -891,6 +979,7 @@ function connect() {
   on("view_updated", (data) => state.modal?.id === data.view.id && showModal(data.view));
   on("view_closed", (data) => hideModal(data.id));
   on("home", (data) => state.view === "home" && renderHome(data.view));
+  on("agent_status", (data) => data.channel === state.channel && data.thread_ts === state.thread && refresh("thread"));
   on("resync", refreshAll);
   source.onerror = () => {
     if (state.source !== source) return;
@@ -941,6 +1030,7 @@ function wire() {
   $("trace-toggle").addEventListener("click", () => setTrace(!state.traceOpen));
   $("trace-close").addEventListener("click", () => setTrace(false));
   $("trace-refresh").addEventListener("click", () => refresh("trace", 0));
+  $("agent-stop").addEventListener("click", stopAgent);
   $("modal-submit").addEventListener("click", submitModal);
   $("modal-close").addEventListener("click", closeModal);
   $("modal-x").addEventListener("click", closeModal);

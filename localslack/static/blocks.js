@@ -1,12 +1,22 @@
 // Block Kit to DOM nodes: header, section (text, fields, accessory), context, divider,
 // actions (buttons with style and confirm), input (in modals: a text input, a static_select
-// or checkboxes), rich_text and image.
-// Text goes through renderMrkdwn or textContent only: nothing is parsed as HTML.
+// or checkboxes), rich_text and image; and the agent blocks of a streamed message: markdown,
+// plan (a title and its task cards), task_card (status, details, output, sources) and
+// context_actions (the feedback buttons).
+// Text goes through renderMrkdwn, renderMarkdown or textContent only: nothing is parsed
+// as HTML.
 //
 // Buttons carry data-testid="block-button", data-action-id, data-block-id and
-// data-style; ctx.onButton(button, blockId) is called when one is clicked.
+// data-style; ctx.onButton(button, blockId, node) is called when one is clicked. The two
+// feedback buttons carry data-testid="feedback-button" and data-value = positive |
+// negative; ctx.onButton(element, blockId, node, value) is called for them.
 
+import { link, renderMarkdown } from "./markdown.js";
 import { renderMrkdwn, unescapeSlack } from "./mrkdwn.js";
+
+// The status icons of a task card (Slack's: pending, in progress, complete, error).
+const TASK_ICONS = { pending: "○", in_progress: "◔", complete: "✓", error: "✕" };
+const TASK_WORDS = { pending: "pending", in_progress: "in progress", complete: "complete", error: "error" };
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -98,6 +108,36 @@ const RENDERERS = {
     const box = el("div", "bk-rich-text");
     for (const part of block.elements || []) box.appendChild(richPart(part, ctx));
     return box;
+  },
+  markdown(block, ctx) {
+    const box = el("div", "bk-markdown");
+    box.appendChild(renderMarkdown(block.text || "", ctx));
+    return box;
+  },
+  plan(block, ctx) {
+    const plan = el("div", "bk-plan");
+    plan.dataset.testid = "plan";
+    const tasks = Array.isArray(block.tasks) ? block.tasks : [];
+    const head = el("div", "bk-plan-head");
+    const title = el("span", "bk-plan-title", block.title || "Plan");
+    title.dataset.testid = "plan-title";
+    head.appendChild(title);
+    const done = tasks.filter((t) => t && t.status === "complete").length;
+    if (tasks.length) head.appendChild(el("span", "bk-plan-count", `${done} of ${tasks.length} done`));
+    plan.appendChild(head);
+    for (const task of tasks) if (task && typeof task === "object") plan.appendChild(taskCard(task, ctx));
+    return plan;
+  },
+  task_card(block, ctx) {
+    return taskCard(block, ctx);
+  },
+  context_actions(block, ctx, blockId) {
+    const row = el("div", "bk-context-actions");
+    for (const item of block.elements || []) {
+      if (item && item.type === "feedback_buttons") row.appendChild(feedbackButtons(item, ctx, blockId));
+      else row.appendChild(el("span", "bk-unsupported", `[${(item && item.type) || "element"}]`));
+    }
+    return row;
   },
   input(block, ctx, blockId) {
     const field = el("div", "bk-input");
@@ -198,6 +238,65 @@ function element(item, ctx, blockId) {
     button.disabled = true;
   }
   return button;
+}
+
+function taskCard(task, ctx) {
+  const status = TASK_ICONS[task.status] ? task.status : "pending";
+  const card = el("div", `bk-task bk-task-${status}`);
+  card.dataset.testid = "task-card";
+  card.dataset.taskId = task.task_id || task.id || "";
+  card.dataset.status = status;
+  const head = el("div", "bk-task-head");
+  const icon = el("span", "bk-task-icon", TASK_ICONS[status]);
+  icon.title = TASK_WORDS[status];
+  icon.setAttribute("aria-label", TASK_WORDS[status]);
+  head.appendChild(icon);
+  const title = el("span", "bk-task-title", unescapeSlack(task.title || ""));
+  title.dataset.testid = "task-title";
+  head.appendChild(title);
+  card.appendChild(head);
+  for (const key of ["details", "output"]) {
+    const value = task[key];
+    if (!value) continue;
+    const part = el("div", `bk-task-${key}`);
+    part.dataset.testid = `task-${key}`;
+    if (typeof value === "string") part.textContent = unescapeSlack(value);
+    else part.appendChild(RENDERERS.rich_text(value, ctx));
+    card.appendChild(part);
+  }
+  const sources = Array.isArray(task.sources) ? task.sources.filter((s) => s && s.url) : [];
+  if (sources.length) {
+    const list = el("div", "bk-task-sources");
+    for (const source of sources) {
+      const node = link(source.text || source.url, source.url, ctx);
+      node.dataset.testid = "task-source";
+      list.appendChild(node);
+    }
+    card.appendChild(list);
+  }
+  return card;
+}
+
+function feedbackButtons(item, ctx, blockId) {
+  const pair = el("span", "bk-feedback");
+  for (const [value, spec, fallback] of [
+    ["positive", item.positive_button, "👍"],
+    ["negative", item.negative_button, "👎"],
+  ]) {
+    if (!spec) continue;
+    const button = el("button", "bk-feedback-button");
+    button.type = "button";
+    button.appendChild(spec.text ? textObject(spec.text, ctx) : document.createTextNode(fallback));
+    if (spec.accessibility_label) button.title = spec.accessibility_label;
+    button.dataset.testid = "feedback-button";
+    button.dataset.actionId = item.action_id || "";
+    button.dataset.blockId = blockId;
+    button.dataset.value = value;
+    if (ctx.onButton) button.addEventListener("click", () => ctx.onButton(item, blockId, button, value));
+    else button.disabled = true;
+    pair.appendChild(button);
+  }
+  return pair;
 }
 
 function richPart(part, ctx) {

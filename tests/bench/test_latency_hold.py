@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.latency import HOLD_S, model_reply
+from bench._latency_fakes import HOLD_S, model_reply
 from engine.config import ModelSettings
 
 

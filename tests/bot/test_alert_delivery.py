@@ -269,7 +269,8 @@ async def test_an_alert_through_the_served_app_opens_a_thread_people_talk_in(
             )
             body, headers = signed(reply)
             assert (await client.post("/slack/events", data=body, headers=headers)).status == 200
-            await _wait(slack, "chat.postMessage", lambda c: _said(c, "cache hit rate"))
+            # A person asked: the run is a plan message streamed to them.
+            await _wait(slack, "chat.appendStream", lambda c: _said(c, "cache hit rate"))
             asked = claude.requests[1]["messages"]
             assert "is the cache to blame?" in json.dumps(asked)
 

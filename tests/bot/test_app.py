@@ -965,7 +965,8 @@ async def test_an_edit_is_stored_the_rules_apply_again_and_the_card_shows_the_di
     thread_id, value = await awaiting_approval(store, arguments=STAGING, root=root)
     client = AsyncWebClient(token=TOKEN, base_url=slack.url)
     delivery = Delivery(store, client, owner="proc-a", retry_base=None)
-    assert await delivery.deliver(thread_id) == 2  # the status message and the card
+    # The status message, the plan that stopped at the card (started, stopped), the card.
+    assert await delivery.deliver(thread_id) == 4
     [card] = cards_in(slack)
     async with editing(store, slack) as s:
         view = await open_edit(s, value)

@@ -58,9 +58,15 @@ def client_for(slack: FakeSlack, **kw: Any) -> AsyncWebClient:
     return AsyncWebClient(token=TOKEN, base_url=slack.url, **kw)
 
 
+def lines_delivery(*args: Any, **kw: Any) -> Delivery:
+    """A delivery showing a line per call and answer: what this module is about (each
+    run as one plan message: tests/bot/test_stream_delivery.py)."""
+    return Delivery(*args, live_plan=False, **kw)
+
+
 @pytest.fixture
 async def delivery(store: Store, slack: FakeSlack) -> AsyncIterator[Delivery]:
-    d = Delivery(store, client_for(slack), owner="proc-a", retry_base=None)
+    d = lines_delivery(store, client_for(slack), owner="proc-a", retry_base=None)
     yield d
     await d.close()
 
@@ -152,7 +158,7 @@ async def test_delivering_again_posts_nothing_and_calls_slack_no_more(store, sla
     assert await delivery.deliver(tid) == 4
     calls = len(slack.calls)
     assert await delivery.deliver(tid) == 0
-    assert await Delivery(store, client_for(slack), owner="proc-b").deliver(tid) == 0
+    assert await lines_delivery(store, client_for(slack), owner="proc-b").deliver(tid) == 0
     assert len(slack.calls) == calls
     status, _ = await status_and_lines(store, slack, tid)
     assert len(await line_receipts(store, tid, status)) == 3
@@ -160,8 +166,8 @@ async def test_delivering_again_posts_nothing_and_calls_slack_no_more(store, sla
 
 async def test_concurrent_deliveries_post_each_event_once(store, slack):
     tid = await start(store, slack, LOOKUP)
-    a = Delivery(store, client_for(slack), owner="proc-a", retry_base=None)
-    b = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    a = lines_delivery(store, client_for(slack), owner="proc-a", retry_base=None)
+    b = lines_delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     made = await asyncio.gather(a.deliver(tid), a.deliver(tid), b.deliver(tid), b.deliver(tid))
     assert len(slack.posted(CHANNEL)) == 4
     assert len({shown(m, tid) for m in slack.posted(CHANNEL)}) == 4
@@ -359,7 +365,7 @@ async def test_the_status_message_is_posted_first_once_and_updated_in_place(stor
     the status message shows is read from the log, not remembered."""
 
     def process(name: str) -> Delivery:
-        return Delivery(
+        return lines_delivery(
             store, client_for(slack), owner=name, reviewers=ReviewerRule(frozenset({REVIEWER}))
         )
 
@@ -405,8 +411,8 @@ async def test_the_status_message_is_posted_first_once_and_updated_in_place(stor
 
 async def test_the_status_message_is_not_posted_twice_by_two_processes(store, slack):
     tid = await start(store, slack, DEPLOY)
-    a = Delivery(store, client_for(slack), owner="proc-a", retry_base=None)
-    b = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    a = lines_delivery(store, client_for(slack), owner="proc-a", retry_base=None)
+    b = lines_delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     await asyncio.gather(a.deliver(tid), b.deliver(tid), a.deliver(tid), b.deliver(tid))
     assert await a.deliver(tid) == 0 and await b.deliver(tid) == 0
     status, [_card] = await status_and_lines(store, slack, tid)
@@ -422,7 +428,7 @@ async def test_a_status_post_whose_receipt_was_lost_is_found_and_then_updated(st
     process finds the message by its metadata (never posts another) and updates it."""
     tid = await start(store, slack, DEPLOY)
     gate = slack.hold("chat.postMessage")
-    first = Delivery(store, client_for(slack, timeout=1), owner="proc-a", retry_base=None)
+    first = lines_delivery(store, client_for(slack, timeout=1), owner="proc-a", retry_base=None)
     assert await first.deliver(tid) == 0
     gate.set()
     [status] = slack.posted(CHANNEL)
@@ -430,17 +436,20 @@ async def test_a_status_post_whose_receipt_was_lost_is_found_and_then_updated(st
     await cancel(
         store, tid, decider=Decider(REQUESTER), reviewers=ReviewerRule(), reason="not today"
     )
-    again = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    again = lines_delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     assert await again.deliver(tid) == 4  # the card posted and updated, a line, the status
     status, [card, line] = await status_and_lines(store, slack, tid)
     assert "Cancelled" in all_text(status) and cancel_button(status) is None
     assert "Cancelled" in all_text(card) and "not today" in all_text(line)
     assert len(slack.calls_to("chat.postMessage")) == 3  # the status message once, card, line
-    assert await Delivery(store, client_for(slack), owner="proc-c").deliver(tid) == 0
+    assert await lines_delivery(store, client_for(slack), owner="proc-c").deliver(tid) == 0
 
 
 def test_the_pure_modules_do_no_io():
-    code = "import json, sys\nimport bot.outbox, bot.limits\nprint(json.dumps(sorted(sys.modules)))"
+    code = (
+        "import json, sys\nimport bot.outbox, bot.plan_outbox, bot.limits\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
@@ -455,12 +464,14 @@ def test_the_pure_modules_do_no_io():
 async def test_a_post_whose_answer_was_lost_is_found_in_slack_not_posted_again(store, slack, later):
     tid = await start(store, slack, LOOKUP)
     gate = slack.hold("chat.postMessage")  # Slack posts, its answer never arrives
-    first = Delivery(store, client_for(slack, timeout=1), owner="proc-a", retry_base=None)
+    first = lines_delivery(store, client_for(slack, timeout=1), owner="proc-a", retry_base=None)
     assert await first.deliver(tid) == 0
     assert len(slack.posted(CHANNEL)) == 1
     assert await receipts(store, tid) == []
     gate.set()
-    again = first if later == "same process" else Delivery(store, client_for(slack), owner="p-b")
+    again = (
+        first if later == "same process" else lines_delivery(store, client_for(slack), owner="p-b")
+    )
     assert await again.deliver(tid) == 3  # the three lines; the status message is found
     status, posts = await status_and_lines(store, slack, tid)
     assert len(slack.calls_to("chat.postMessage")) == 4 and len(posts) == 3
@@ -493,7 +504,7 @@ async def test_a_receipt_lost_in_a_crash_is_recovered_without_a_second_post(
         await delivery.deliver(tid)
     monkeypatch.setattr(store, "append", real)
     [posted] = slack.posted(CHANNEL)  # the status message
-    restarted = Delivery(store, client_for(slack), owner="proc-b", retry_base=None)
+    restarted = lines_delivery(store, client_for(slack), owner="proc-b", retry_base=None)
     assert await restarted.deliver(tid) == 3
     assert len(slack.calls_to("chat.postMessage")) == 4
     assert (await receipts(store, tid))[0].ts == posted["ts"]
@@ -633,7 +644,7 @@ async def test_a_slack_error_is_logged_and_the_event_delivered_later(
 
 async def test_a_stopped_pass_is_retried_in_process(store, slack):
     tid = await start(store, slack, LOOKUP)
-    d = Delivery(store, client_for(slack), owner="proc-a", retry_base=0.05)
+    d = lines_delivery(store, client_for(slack), owner="proc-a", retry_base=0.05)
     slack.fail("chat.postMessage", "internal_error")
     try:
         assert await d.deliver(tid) == 0
@@ -648,7 +659,7 @@ async def test_a_stopped_pass_is_retried_in_process(store, slack):
 
 async def test_posts_are_not_resent_by_the_sdk_after_a_connection_error(store, slack):
     client = client_for(slack)
-    d = Delivery(store, client, owner="proc-a")
+    d = lines_delivery(store, client, owner="proc-a")
     handlers = d._post_client.retry_handlers
     assert not [h for h in handlers if isinstance(h, AsyncConnectionErrorRetryHandler)]
     assert [h for h in client.retry_handlers if isinstance(h, AsyncConnectionErrorRetryHandler)]

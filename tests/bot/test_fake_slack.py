@@ -543,6 +543,7 @@ def test_manifest_events_settings_and_command() -> None:
         "message.groups",
         "message.im",
         "app_home_opened",
+        "agent_session_stopped",
     ]
     for line in (
         "socket_mode_enabled: true",

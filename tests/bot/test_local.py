@@ -237,7 +237,8 @@ async def test_a_mention_reaches_the_app_signed_and_becomes_a_thread(start: Star
     root = message["ts"]
     thread = await page.wait_thread(root, card_of)
     bot = [m for m in thread["replies"] if m.get("bot_id") == LOCAL.bot_id]
-    assert len(bot) == 2  # the status message and the approval card
+    # The status message, the run's plan message (its task waits for the card), the card.
+    assert len(bot) == 3
     assert "Waiting for approval" in texts(thread)
 
     # The app heard it as Slack tells it: app_mention and message, each signed (the app
@@ -256,7 +257,7 @@ async def test_a_mention_reaches_the_app_signed_and_becomes_a_thread(start: Star
     status, channel = await page.get(f"/ui/channels/{OPS}/messages", user=BOB)
     assert status == 200
     [listed] = channel["messages"]
-    assert listed["ts"] == root and listed["reply_count"] == 2
+    assert listed["ts"] == root and listed["reply_count"] == 3
 
 
 async def test_a_reply_in_the_bots_thread_needs_no_mention(start: Start) -> None:

@@ -217,7 +217,8 @@ async def test_a_card_posted_while_pagerduty_is_down_says_the_on_call_is_not_kno
     pd.fail("GET", "/oncalls", 503, times=2)
     client = AsyncWebClient(token=SLACK_TOKEN, base_url=slack.url)
     delivery = Delivery(store, client, owner="proc-a", retry_base=None, on_call=on_call())
-    assert await delivery.deliver(thread_id) == 2  # posted all the same
+    # Posted all the same: the status message, the plan (started, stopped), the card.
+    assert await delivery.deliver(thread_id) == 4
     [card] = cards_in(slack)
     assert f"{SCHEDULE}: not known (PagerDuty did not answer)" in text_of(card)
     assert "who is on call is asked of PagerDuty at each click" in text_of(card)

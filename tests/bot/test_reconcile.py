@@ -171,7 +171,8 @@ async def test_the_reconcile_card_is_posted_once_bound_to_the_call(
     store: Store, slack: FakeSlack, delivery: Delivery
 ) -> None:
     tid = await awaiting_reconcile(store, slack)
-    assert await delivery.deliver(tid) == 3  # the status message, the call's line, the card
+    # The status message, the plan showing the call (started, stopped), the card.
+    assert await delivery.deliver(tid) == 4
     assert await delivery.deliver(tid) == 0
     post = card_post(slack, RETRY_ACTION)
     unknown = next(e for e in await store.select_events(tid) if e.type == "tool_outcome_unknown")

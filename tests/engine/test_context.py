@@ -114,11 +114,18 @@ def answered_calls(log: list[ev.Event]) -> set[str]:
     """Ids of tool uses whose outcome is in the log (computed from the log, not the prompt)."""
     done: set[str] = set()
     open_call: str | None = None
+    running: str | None = None  # a stop waits for a running call's own result
     for e in log:
+        if isinstance(e, ev.ToolStarted):
+            running = e.tool_call_id
+        elif isinstance(e, ev.RetryScheduled | ev.ToolOutcomeUnknown):
+            running = None
         if isinstance(e, ev.ModelDecision) and e.tool_name and e.tool_call_id:
             open_call = e.tool_call_id
         elif open_call is not None and (
-            e.type in ANSWERS_OPEN or (answers(e) and getattr(e, "tool_call_id", None) == open_call)
+            e.type in ANSWERS_OPEN
+            or (answers(e) and getattr(e, "tool_call_id", None) == open_call)
+            or (isinstance(e, ev.StopRequested) and running != open_call)
         ):
             done.add(open_call)
             open_call = None

@@ -112,6 +112,9 @@ SAMPLES: dict[str, ev.Event] = {
         ev.WaitTimedOut(tool_call_id="toolu_6", wait_id="thr_1.abc"),
         ev.ErrorRaised(message="3 invalid decisions", kind="rejections"),
         ev.MessagePosted(shows_event_id="evt_1", channel="C1", ts="1700000000.000100"),
+        ev.StreamStopped(ts="1700000000.000200", channel="C1"),
+        ev.FeedbackGiven(actor="U2", ts="1700000000.000200", value="down", user="U2"),
+        ev.StopRequested(actor="U1", user="U1", dedupe_key="Ev0STOP"),
         ev.ContextCompacted(upto_seq=12, summary="Task: deploy api. Steps: …"),
     ]
 }
@@ -262,6 +265,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "grant_revoked",
         "reconcile_decided",
         "wait_finished",
+        "stop_requested",
     }
     summary = {ev.type_name(c): c.facts.summary for c in ev.EVENT_CLASSES}
     kept = {t for t, role in summary.items() if role == "kept"}
@@ -273,6 +277,7 @@ def test_facts_reproduce_the_tables_they_replaced() -> None:
         "approval_rejected",
         "thread_cancelled",
         "reconcile_decided",  # was omitted: a compaction lost a person's word
+        "stop_requested",  # a person's word too: the next run must know they stopped it
     }
     assert steps == {
         "clarification_requested",

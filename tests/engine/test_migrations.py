@@ -159,3 +159,25 @@ async def test_the_decisions_revision_builds_the_partial_index_even_if_a_store_m
     assert index is not None and "(actor, created_at)" in index
     assert "approval_granted" in index and "reconcile_decided" in index  # partial
     assert await _schema_diff(db_url) == []
+
+
+async def test_the_mcp_oauth_revision_adds_its_table_even_if_a_store_made_it(db_url: str) -> None:
+    """0006 -> 0007 adds ``mcp_oauth``; a command of this release that opened the 0006
+    database first (creating the table) does not make the migration fail."""
+    await migrate(db_url, "0006")
+    assert "mcp_oauth" not in await _tables(db_url)
+    store = await open_store(db_url)  # not serve: creates what is missing
+    await store.close()
+    before, after = await migrate(db_url)
+    assert (before.revision, after.revision) == ("0006", HEAD)
+    assert await _schema_diff(db_url) == []
+    assert "mcp_oauth" in await _tables(db_url)
+
+
+async def _tables(url: str) -> set[str]:
+    engine = create_engine(parse_database_url(url))
+    try:
+        async with engine.connect() as conn:
+            return set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
+    finally:
+        await engine.dispose()

@@ -196,6 +196,18 @@ SAMPLES: dict[str, tuple[ev.Event, str]] = {
         ev.MessagePosted(**_env(21), shows_event_id="evt_9", channel="C1", ts="1700.1"),
         "posted evt_9 at C1/1700.1",
     ),
+    "stream_stopped": (
+        ev.StreamStopped(**_env(21), ts="1700.2", channel="C1"),
+        "stopped the stream at C1/1700.2",
+    ),
+    "feedback_given": (
+        ev.FeedbackGiven(**_env(21, "U2"), ts="1700.2", value="up", user="U2"),
+        "👍 (up) by U2 on 1700.2",
+    ),
+    "stop_requested": (
+        ev.StopRequested(**_env(21, "U1", dedupe_key="Ev9"), user="U1"),
+        "stop pressed by U1",
+    ),
     "context_compacted": (
         ev.ContextCompacted(**_env(22), upto_seq=12, summary="x" * 40),
         "prompt compacted: seq 1–12 summarised (40 chars, deterministic)",
@@ -344,6 +356,8 @@ def test_long_text_is_cut_to_one_short_line() -> None:
 def test_empty_fields_still_summarise() -> None:
     assert summarize(ev.ThreadCancelled(**_env(1, "U1"))) == "cancelled"
     assert summarize(ev.MessagePosted(**_env(2), shows_event_id="evt_1")) == "posted evt_1"
+    stream = ev.MessagePosted(**_env(2), shows_event_id="evt_1", ts="1700.3", kind="stream")
+    assert summarize(stream) == "streamed the plan of evt_1 at 1700.3"
     assert summarize(ev.ToolResult(**_env(3), tool_call_id=CALL, attempt=1, ok=True)) == (
         "ok: null"
     )

@@ -21,6 +21,18 @@ Replies are scripted: ``text``, ``tool_use``, ``max_tokens_cut``, ``error`` (or 
 is empty. Usage is deterministic (about 4 characters a token) with a small model of
 prompt caching: a prefix up to a ``cache_control`` breakpoint is written to the cache,
 and a later request that starts with a written prefix reads it.
+
+A request with ``"stream": true`` gets the same scripted reply as server-sent events,
+in the order and shapes the Messages API streams (``message_start``, ``ping``,
+``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta`` with the stop reason
+and usage, ``message_stop``), cut harder than the API cuts: text deltas of a few UTF-16
+code units (a surrogate pair's halves in two deltas), tool input JSON cut inside its
+escapes, and each event's bytes written in two pieces (inside a multi-byte character or
+an escape). ``Reply.gap`` waits between events; ``Reply.break_after`` ends the stream
+after that many events with an ``error`` event (``break_with``, e.g.
+``overloaded_error``) or, with ``break_with="disconnect"``, by dropping the connection.
+``FakeAnthropic(streaming=False)`` makes a streamed request a violation, ``True`` a
+plain one.
 """
 
 from __future__ import annotations
@@ -28,10 +40,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import itertools
 import json
 import re
+import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +102,12 @@ class Reply:
     usage: dict[str, int] | None = None  # overrides the computed usage
     details: dict[str, Any] | None = None  # error.details, e.g. {"error_code": ...}
     raw: str | None = None  # an error body that is not the API's JSON (a proxy's page)
+    # Streamed replies only: seconds between events, and a stream that fails after
+    # ``break_after`` events with an ``error`` event of type ``break_with`` (or
+    # ``"disconnect"``: the connection is dropped).
+    gap: float = 0.0
+    break_after: int | None = None
+    break_with: str = "overloaded_error"
 
     @classmethod
     def text(cls, text: str, *, stop_reason: str = "end_turn", delay: float = 0.0) -> Reply:
@@ -147,8 +167,14 @@ class FakeAnthropic:
         api_key: str = FAKE_API_KEY,
         models: Collection[str] | None = None,
         min_cache_tokens: int = 0,
+        streaming: bool | None = None,
     ) -> None:
+        """``streaming``: None takes plain and streamed requests; False makes a streamed
+        request a violation, True a plain one (for tests that assert which was made)."""
         self.api_key = api_key
+        self.streaming = streaming
+        # time.time() when each streamed reply's first text delta was written.
+        self.text_started: list[float] = []
         self.models = None if models is None else frozenset(models)  # None: any model
         self.min_cache_tokens = min_cache_tokens
         self.url = ""
@@ -251,7 +277,7 @@ class FakeAnthropic:
         self.violations.append(f"{request.method} {request.path}: no such endpoint")
         return self._error(404, "not_found_error", f"Not found: {request.path}")
 
-    async def _messages(self, request: web.Request) -> web.Response:
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
         n = len(self.requests) + 1
         raw = await request.read()
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -279,6 +305,11 @@ class FakeAnthropic:
             problems.append("the request body must be a JSON object")
         else:
             problems += check_request(body)
+            streamed = body.get("stream") is True
+            if self.streaming is False and streamed:
+                problems.append("stream: this test expects a plain (not streamed) request")
+            elif self.streaming is True and not streamed:
+                problems.append("stream: this test expects a streamed request")
         if problems:
             self.violations += [f"request {n}: {p}" for p in problems]
             return self._error(400, "invalid_request_error", problems[0])
@@ -301,6 +332,8 @@ class FakeAnthropic:
             return self._error(
                 reply.status, reply.error_type, reply.message, reply.headers, reply.details
             )
+        if body.get("stream") is True:
+            return await self._stream(request, body, reply)
         return self._message(body, reply)
 
     def _next_reply(self, body: dict[str, Any], n: int) -> Reply:
@@ -319,6 +352,11 @@ class FakeAnthropic:
         return f"{prefix}_fake{self._ids:06d}"
 
     def _message(self, body: dict[str, Any], reply: Reply) -> web.Response:
+        payload = self._payload(body, reply)
+        return web.json_response(payload, headers={"request-id": self._next_id("req")})
+
+    def _payload(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The whole message answering ``body`` (recorded in ``responses``)."""
         content = []
         for block in reply.content:
             block = dict(block)
@@ -340,7 +378,41 @@ class FakeAnthropic:
             "usage": usage,
         }
         self.responses.append((200, payload))
-        return web.json_response(payload, headers={"request-id": self._next_id("req")})
+        return payload
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        """``reply`` as the Messages API streams it (server-sent events)."""
+        message = self._payload(body, reply)
+        response = web.StreamResponse(
+            headers={
+                "content-type": "text/event-stream; charset=utf-8",
+                "cache-control": "no-cache",
+                "request-id": self._next_id("req"),
+            }
+        )
+        await response.prepare(request)
+        texts = 0  # text deltas written
+        for n, (name, data) in enumerate(stream_events(message)):
+            if reply.break_after is not None and n >= reply.break_after:
+                if reply.break_with == "disconnect":
+                    assert request.transport is not None
+                    request.transport.close()  # no final chunk: the body is cut short
+                    return response
+                error = {"type": reply.break_with, "message": "the fake broke the stream"}
+                await response.write(sse("error", {"type": "error", "error": error}))
+                break
+            if name == "content_block_delta" and data["delta"]["type"] == "text_delta":
+                texts += 1
+                if texts == 1:  # stamped as it leaves, before the client can have it
+                    self.text_started.append(time.time())
+            for piece in _cut(sse(name, data)):
+                await response.write(piece)
+            if reply.gap:
+                await asyncio.sleep(reply.gap)
+        await response.write_eof()
+        return response
 
     def _error(
         self,
@@ -432,6 +504,106 @@ def _segments(body: dict[str, Any]) -> list[tuple[str, bool]]:
     return out
 
 
+# --- streaming ---------------------------------------------------------------------------
+
+
+def stream_events(message: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The events the Messages API streams for ``message``, in its order."""
+    usage = dict(message["usage"])
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    yield (
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {**start, "usage": {**usage, "output_tokens": 1}},
+        },
+    )
+    yield "ping", {"type": "ping"}
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            yield _block_start(index, {"type": "text", "text": ""})
+            for piece in text_pieces(block["text"]):
+                yield _delta(index, {"type": "text_delta", "text": piece})
+        else:
+            yield _block_start(index, {**block, "input": {}})
+            yield _delta(index, {"type": "input_json_delta", "partial_json": ""})
+            for piece in json_pieces(json.dumps(block["input"])):
+                yield _delta(index, {"type": "input_json_delta", "partial_json": piece})
+        yield "content_block_stop", {"type": "content_block_stop", "index": index}
+        if index == 0:
+            yield "ping", {"type": "ping"}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        },
+    )
+    yield "message_stop", {"type": "message_stop"}
+
+
+def _block_start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "content_block_start", {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": block,
+    }
+
+
+def _delta(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def text_pieces(text: str, size: int = 3) -> list[str]:
+    """``text`` in pieces of ``size`` UTF-16 code units at most, also cut after every
+    quote, backslash and newline: a character outside the BMP is two halves, and a cut
+    may fall between them (harsher than the API, which keeps characters whole)."""
+    units = "".join(c if ord(c) <= 0xFFFF else _halves(ord(c) - 0x10000) for c in text)
+    pieces, start = [], 0
+    for i, c in enumerate(units, 1):
+        if i - start >= size or c in '"\\\n':
+            pieces.append(units[start:i])
+            start = i
+    if start < len(units):
+        pieces.append(units[start:])
+    return pieces
+
+
+def _halves(offset: int) -> str:
+    """A character outside the BMP (``offset`` past U+10000) as its two UTF-16 halves."""
+    return chr(0xD800 + (offset >> 10)) + chr(0xDC00 + (offset & 0x3FF))
+
+
+def json_pieces(raw: str, size: int = 4) -> list[str]:
+    """``raw`` JSON cut every ``size`` characters and inside every escape (just after its
+    backslash, or two characters in: inside a ``\\uXXXX``), as the API's ``partial_json``
+    may be."""
+    cuts = set(range(size, len(raw), size))
+    escapes = [i for i, c in enumerate(raw) if c == "\\" and (i == 0 or raw[i - 1] != "\\")]
+    for n, i in enumerate(escapes):
+        cuts.add(i + 1 if n % 2 else i + 3)  # after the backslash, or two characters in
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(raw)), len(raw)]
+    return [raw[a:b] for a, b in itertools.pairwise(bounds) if a < b]
+
+
+def sse(name: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event: UTF-8 as the API writes it, escaped only where UTF-8
+    cannot hold the text (a surrogate pair's half)."""
+    try:
+        line = json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        line = json.dumps(data).encode()
+    return b"event: " + name.encode() + b"\ndata: " + line + b"\n\n"
+
+
+def _cut(event: bytes) -> list[bytes]:
+    """``event`` in two writes, cut inside a multi-byte character or an escape if it has
+    one (where a reader that decodes each read on its own would break)."""
+    at = next((i + 1 for i, b in enumerate(event) if b >= 0xC0 or b == 0x5C), len(event) // 2)
+    return [event[:at], event[at:]] if 0 < at < len(event) else [event]
+
+
 # --- the checks the real API makes ------------------------------------------------------
 
 
@@ -456,8 +628,8 @@ def check_request(body: dict[str, Any]) -> list[str]:
         p.append("max_tokens: Field required")
     elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         p.append(f"max_tokens: must be a positive integer, not {max_tokens!r}")
-    if body.get("stream"):
-        p.append("stream: the fake does not stream; the adapter must not ask it to")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        p.append("stream: Input should be a valid boolean")
     p += _check_system(body.get("system"))
     names, tool_problems = _check_tools(body.get("tools"))
     p += tool_problems
@@ -572,7 +744,7 @@ def _check_messages(messages: Any) -> list[str]:
     if not messages:
         return ["messages: at least one message is required"]
     p: list[str] = []
-    seen_ids: set[str] = set()
+    seen_ids: set[Any] = set()
     prev_role: str | None = None
     prev_uses: list[str] = []
     for i, message in enumerate(messages):

@@ -4,7 +4,8 @@ The Slack semantics are ``opsloop local``'s (:mod:`localslack.web_api` over a
 :class:`~localslack.workspace.Workspace`, and the builders of
 :mod:`localslack.slack_requests`); this module adds what tests need on top: an ephemeral
 127.0.0.1 port, a record of every call (``calls``, ``wait_for``), and injected rate
-limits, failures and held answers.
+limits, failures and held answers, and Slack's clock moved on (``advance``) to expire
+loading statuses and streams without sleeping.
 
 ``FakeSlack`` answers the Web API methods opsloop uses the way Slack does
 (https://docs.slack.dev/reference/methods): bodies as slack_sdk sends them (query
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import time
 from typing import Any
 
 from aiohttp import web
@@ -64,7 +66,9 @@ class FakeSlack(WebApi):
     """The Web API of one workspace with one bot, in memory, for tests."""
 
     def __init__(self, *, token: str = TOKEN) -> None:
-        super().__init__(Workspace(IDENTITY, open_world=True), token=token)
+        self._clock_offset = 0.0  # Slack's clock, ahead of ours by what tests advanced
+        workspace = Workspace(IDENTITY, open_world=True, clock=self._now)
+        super().__init__(workspace, token=token)
         self.calls: list[Call] = []
         self._rate_limits: dict[str, list[int]] = {}
         self._failures: dict[str, list[tuple[str, int]]] = {}
@@ -138,6 +142,76 @@ class FakeSlack(WebApi):
         """Do what ``method`` calls ask but keep their answers until the event is set:
         a client killed meanwhile never learns that its call succeeded."""
         return self._holds.setdefault(method, asyncio.Event())
+
+    def advance(self, seconds: float) -> None:
+        """Move Slack's clock on: streams and loading statuses expire by it."""
+        self._clock_offset += seconds
+
+    def _now(self) -> float:
+        return time.time() + self._clock_offset
+
+    def refuse_streams(
+        self, channel: str, error: str = "method_not_supported_for_channel_type"
+    ) -> None:
+        """Answer every chat.startStream in ``channel`` with ``error`` (a channel type or a
+        policy that does not allow streaming)."""
+        self.workspace.streams_refused[channel] = error
+
+    @property
+    def agent_view(self) -> bool:
+        """Whether the app is declared an agent (off: agents.sessions.setStatus answers
+        ``not_authorized``)."""
+        return self.workspace.agent_view
+
+    @agent_view.setter
+    def agent_view(self, on: bool) -> None:
+        self.workspace.agent_view = on
+
+    def stream(self, channel: str, ts: str) -> dict[str, Any] | None:
+        """The stream of message ``ts`` (see localslack.streams), or None."""
+        return self.workspace.stream(channel, ts)
+
+    def thread_status(self, channel: str, thread_ts: str) -> dict[str, Any] | None:
+        """The loading status shown under the thread now, or None."""
+        return self.workspace.status_of(channel, thread_ts)
+
+    def session(self, channel: str, thread_ts: str | None) -> dict[str, Any] | None:
+        """The thread's agent session (status, title), or None."""
+        return self.workspace.session_of(channel, thread_ts)
+
+    def press_stop(self, channel: str, thread_ts: str, *, user: str) -> dict[str, Any]:
+        """``user`` presses the agent session's stop button: Slack stops the app's open
+        streams in the thread; the ``agent_session_stopped`` event it sends the app."""
+        stopped = self.workspace.stop_by_user(channel, thread_ts)
+        return agent_session_stopped_event(
+            user=user, channel=channel, thread_ts=thread_ts, streaming_message_ts=stopped
+        )
+
+    def feedback_click(
+        self, channel: str, ts: str, *, user: str, positive: bool = True
+    ) -> dict[str, Any]:
+        """A click by ``user`` on 👍 (``positive``) or 👎 of the feedback buttons of the
+        message ``ts``: the ``block_actions`` payload, with the button's own value."""
+        message = self.workspace.find(channel, ts)
+        assert message is not None, f"no message {ts} in {channel}"
+        block, element = next(
+            (b, e)
+            for b in message.get("blocks") or []
+            if b.get("type") == "context_actions"
+            for e in b.get("elements") or []
+            if e.get("type") == "feedback_buttons"
+        )
+        button = element["positive_button" if positive else "negative_button"]
+        return feedback_buttons_payload(
+            user=user,
+            action_id=element["action_id"],
+            value=button["value"],
+            channel=channel,
+            message_ts=ts,
+            block_id=block.get("block_id") or "feedback",
+            thread_ts=message.get("thread_ts"),
+            text=(button.get("text") or {}).get("text", ""),
+        )
 
     def add_user(self, user_id: str, name: str | None = None, **fields: Any) -> dict[str, Any]:
         self.users[user_id] = user_record(IDENTITY, user_id, name or user_id.lower(), **fields)
@@ -269,6 +343,8 @@ app_mention_event = functools.partial(sr.app_mention_event, IDENTITY)
 message_event = functools.partial(sr.message_event, IDENTITY)
 url_verification = functools.partial(sr.url_verification, IDENTITY)
 block_actions_payload = functools.partial(sr.block_actions_payload, IDENTITY)
+feedback_buttons_payload = functools.partial(sr.feedback_buttons_payload, IDENTITY)
+agent_session_stopped_event = functools.partial(sr.agent_session_stopped_event, IDENTITY)
 view_submission_payload = functools.partial(sr.view_submission_payload, IDENTITY)
 slash_command_payload = functools.partial(sr.slash_command_payload, IDENTITY)
 

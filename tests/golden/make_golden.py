@@ -493,6 +493,39 @@ async def alerted(store: Store) -> Play:
     return p
 
 
+async def stopped(store: Store) -> Play:
+    """A plan message streamed and stopped, a 👍 on it; then the requester presses Slack's
+    stop button before the model answers, and asks again (the model reads the stop)."""
+    from engine.agent_inputs import give_feedback, request_stop
+
+    model = ScriptedModel([call("lookup", name="api"), say("api is fine."), say("db is fine too.")])
+    p = play(store, "1767000012.000100", model, "make_tools")
+    await p.say("check the api")
+    assert await p.run() == "idle"
+    log = await store.select_events(p.thread_id)
+    state = reduce(log)
+    plan = "1767000012.000900"  # as bot.stream records the run's plan message
+    streamed = [
+        ev.MessagePosted(shows_event_id=log[0].event_id, channel=CHANNEL, ts=plan, kind="stream"),
+        ev.StreamStopped(ts=plan, channel=CHANNEL),
+    ]
+    await store.append(p.thread_id, state.last_seq, streamed, state=state)
+    fed = await give_feedback(
+        store, p.thread_id, ts=plan, value="up", user=BOB, dedupe_key="click-feedback"
+    )
+    assert fed.event is not None and fed.event.type == "feedback_given"
+    await p.say("and the db?")
+    done = await request_stop(
+        store, p.thread_id, decider=Decider(ALICE), reviewers=OPEN, dedupe_key="stop-1"
+    )
+    assert done.event is not None and done.event.type == "stop_requested"
+    assert await p.run() == "idle"  # stopped before the model was asked
+    await p.say("the db, please")
+    assert await p.run() == "idle"
+    await p.door.rest(p.thread_id)
+    return p
+
+
 THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "approvals": approvals,
     "clarified": clarified,
@@ -505,6 +538,7 @@ THREADS: dict[str, Callable[[Store], Awaitable[Play]]] = {
     "edited": edited,
     "granted": granted,
     "alerted": alerted,
+    "stopped": stopped,
 }
 
 

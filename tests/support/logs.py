@@ -507,6 +507,12 @@ class Simulator:
             out.append(
                 ev.MessagePosted(shows_event_id=self.log[-1].event_id, channel="C1", ts=f"{n}.0")
             )
+        if s.status != "new":  # the plan message stopped, a 👍 on it, Slack's stop button
+            out += [
+                ev.StreamStopped(ts=f"{n}.1", channel="C1"),
+                ev.FeedbackGiven(actor=OTHER, ts=f"{n}.1", value="up", user=OTHER),
+                ev.StopRequested(actor=REQUESTER, user=REQUESTER),
+            ]
         if s.open_decision:
             out.append(ev.DecisionRejected(tool_call_id=s.open_decision, reason="bad arguments"))
         done = s.compaction[1] if s.compaction else 0

@@ -37,11 +37,20 @@ the handshake, while FILE does not exist: a server that is down until the test s
 servers that each await the other's mark come up only when they are started together.
 ``--401-if FILE`` (http) answers every request with 401 and a ``WWW-Authenticate``
 challenge while FILE exists: a server whose token stopped being accepted.
+
+``--ask`` adds tools that ask the user in the middle of the call (elicitation):
+``ask`` (a form of :data:`ASK_SCHEMA`), ``ask_url`` (url mode), ``ask_twice`` (two
+questions) and ``progress`` (reports its progress, then answers). On a handshake-era
+session (``--legacy``) they ask with ``elicitation/create`` requests while the call is
+in flight; on a 2026-07-28 one they answer ``InputRequiredResult`` and finish when the
+call comes again with the answers and the ``request_state`` (``ask:<round>``) echoed.
+Either way the result's text is the JSON of what the server received.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -132,6 +141,26 @@ UNIONS: dict[str, dict[str, Any]] = {
         "anyOf": [{"type": "string"}, {"type": "object", "properties": {}}],
     },
 }
+ASK = {
+    "ask": "Ask the user for a name, a count, a flag and an environment.",
+    "ask_url": "Send the user to a page (url mode), then say whether they went.",
+    "ask_twice": "Ask the user two questions.",
+    "progress": "Report progress three times, then answer.",
+}
+ASK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "title": "Name", "minLength": 2, "maxLength": 20},
+        "count": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+        "ok": {"type": "boolean", "title": "Proceed?", "default": True},
+        "env": {
+            "type": "string",
+            "oneOf": [{"const": "stg", "title": "Staging"}, {"const": "prd", "title": "Prod"}],
+        },
+    },
+    "required": ["name", "env"],
+}
+ASK_URL = "https://auth.example/consent?session=s1"
 TASKS = {
     "long_report": "Build a report, only as an MCP task (taskSupport required).",
     "quick_report": "Build a report, as a task or not (taskSupport optional).",
@@ -202,8 +231,11 @@ def build_server(
     legacy: bool = False,
     live: bool = False,
     tasks: bool = False,
+    ask: bool = False,
 ) -> Server[Any]:
     _describe(odd_names=odd_names, unions=unions, tasks=tasks)
+    if ask:
+        _descriptions.update(ASK)
     if live:
         _descriptions["change"] = "Change the description of a tool, and say so to the client."
         _schemas["change"] = _schemas["redefine"]
@@ -313,6 +345,8 @@ def build_server(
                 request = getattr(ctx, "request", None)
                 value = request.headers.get(args["name"], "") if request is not None else ""
                 return types.CallToolResult(content=_text(value), is_error=True)
+        if params.name in ASK:
+            return await _ask(ctx, params)
         if params.name in {**ODD_NAMES, **UNIONS, **TASKS} or params.name == LONG_NAME:
             return types.CallToolResult(content=_text(f"{params.name}: {args}"))
         return types.CallToolResult(content=_text(f"no tool {params.name}"), is_error=True)
@@ -328,6 +362,53 @@ def build_server(
 
         server.add_request_handler("server/discover", types.RequestParams, no_discover)
     return server
+
+
+def _questions(name: str) -> dict[str, types.ElicitRequestParams]:
+    if name == "ask_url":
+        url = types.ElicitRequestURLParams(message="Sign in", url=ASK_URL, elicitation_id="e1")
+        return {"login": url}
+    form = types.ElicitRequestFormParams(message="Which deploy?", requested_schema=ASK_SCHEMA)
+    if name == "ask_twice":
+        other = {"type": "object", "properties": {"why": {"type": "string"}}}
+        second = types.ElicitRequestFormParams(message="Why?", requested_schema=other)
+        return {"first": form, "second": second}
+    return {"form": form}
+
+
+async def _ask(ctx: Any, params: types.CallToolRequestParams) -> Any:
+    """The --ask tools: see the module docstring."""
+    if params.name == "progress":
+        for step in (1, 2, 3):
+            await ctx.session.report_progress(step, 3, f"step {step} of 3")
+        return types.CallToolResult(content=_text("progressed"))
+    questions = _questions(params.name)
+    received: dict[str, Any] = {}
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:  # in-session, one by one
+        for key, asked in questions.items():
+            if isinstance(asked, types.ElicitRequestURLParams):
+                got = await ctx.session.elicit_url(
+                    asked.message, asked.url, "e1", related_request_id=ctx.request_id
+                )
+            else:
+                got = await ctx.session.elicit_form(
+                    asked.message, asked.requested_schema, related_request_id=ctx.request_id
+                )
+            received[key] = got.model_dump(mode="json", exclude_none=True)
+    elif params.input_responses is None:
+        return types.InputRequiredResult(
+            input_requests={k: types.ElicitRequest(params=q) for k, q in questions.items()},
+            request_state="ask:1",
+        )
+    else:
+        if params.request_state != "ask:1":
+            raise MCPError(code=types.INVALID_PARAMS, message="unknown request_state")
+        for key in questions:
+            got = params.input_responses.get(key)
+            received[key] = got.model_dump(mode="json", exclude_none=True) if got else None
+    return types.CallToolResult(
+        content=_text(json.dumps(received, sort_keys=True)), structured_content=received
+    )
 
 
 async def _tell_changed(ctx: Any) -> None:
@@ -366,12 +447,21 @@ def _unreadable_bodies(app: Any) -> Any:
     return wrapped
 
 
-async def _serve_stdio(server: Server[Any]) -> None:
+async def _serve_stdio(server: Server[Any], legacy: bool = False) -> None:
+    from mcp.server.runner import serve_loop
     from mcp.server.stdio import stdio_server
 
     stdout = anyio.wrap_file(_Unreadable(sys.stdout))
+    options = server.create_initialization_options()
     async with stdio_server(stdout=stdout) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        if not legacy:
+            await server.run(read_stream, write_stream, options)
+            return
+        # Handshake era only (Server.run would serve whichever era the client opens).
+        async with server.lifespan(server) as state:
+            await serve_loop(
+                server, read_stream, write_stream, lifespan_state=state, init_options=options
+            )
 
 
 def _ts_session_errors(app: Any) -> Any:
@@ -455,6 +545,7 @@ def main() -> None:
     parser.add_argument("--session-400", action="store_true")
     parser.add_argument("--live", action="store_true")
     parser.add_argument("--tasks", action="store_true")
+    parser.add_argument("--ask", action="store_true")
     parser.add_argument("--unless", metavar="FILE")
     parser.add_argument("--mark", metavar="FILE")
     parser.add_argument("--await", dest="awaited", metavar="FILE")
@@ -473,9 +564,10 @@ def main() -> None:
         legacy=opts.legacy,
         live=opts.live,
         tasks=opts.tasks,
+        ask=opts.ask,
     )
     if opts.transport == "stdio":
-        anyio.run(_serve_stdio, server)
+        anyio.run(_serve_stdio, server, opts.legacy)
     else:
         serve = partial(
             _serve_http,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, ValidationInfo, model_validator
 
-from tools.config_model import KeyProblem, StrictModel, plain
+from tools.config_model import Duration, KeyProblem, StrictModel, plain
 
 # A server's tools are registered as mcp__<server>__<tool>, and Anthropic takes tool
 # names of 1-64 characters of a-z A-Z 0-9 _ -. MCP allows more (``.``, ``/``, up to 128
@@ -27,6 +27,9 @@ _SUFFIX = 8  # hex digits of sha256 after a cut name: collisions need 4 billion 
 CONNECT_TIMEOUT_S = 20.0
 # A secret shorter than this is not looked for in text: it would mask ordinary words.
 MIN_SECRET = 4
+KEPT_OBTAINED = 16  # tokens OAuth gave, redacted while they may still be live
+ELICITATION_TIMEOUT_S = 600.0  # 10 minutes: the MCP session stays open while it waits
+INPUT_REQUIRED_TIMEOUT_S = 86400.0  # a day: nothing is held open meanwhile
 
 
 def server_name(name: str) -> str:
@@ -53,6 +56,94 @@ def registered_name(server: str, tool: str) -> str:
 
 ServerName = Annotated[str, AfterValidator(server_name)]
 
+# Where serve receives an authorization's redirect (bot/oauth_callback.py): the path a
+# ``redirect_url`` must reach.
+CALLBACK_PATH = "/oauth/callback"
+
+
+def _http_url(value: str | None, key: str) -> None:
+    if value is not None and urlsplit(value).scheme not in ("http", "https"):
+        raise KeyProblem((key,), f"must be an http or https URL, not {value!r}")
+
+
+class McpAuth(StrictModel):
+    """``auth:`` of an HTTP MCP server: OAuth through the SDK's client (tools/mcp/auth.py),
+    tokens kept in the database and refreshed.
+
+    ``client_credentials``: a machine client (``client_id`` and ``client_secret``, or a
+    ``private_key`` in PEM that signs a JWT assertion with ``signing_algorithm``,
+    RFC 7523), no person involved. ``authorization_code``: an admin authorizes once
+    through a link opsloop gives (``opsloop doctor`` shows it) and the authorization
+    server sends them back to ``redirect_url``, which must reach serve's
+    ``GET /oauth/callback``; with ``client_id`` (and ``client_secret``) the client is
+    pre-registered, without it opsloop registers itself (dynamic registration, or
+    ``client_metadata_url`` where the server takes one). ``issuer`` names the
+    authorization server the credentials belong to: they are then never sent to another
+    one the MCP server points at.
+    """
+
+    type: Literal["client_credentials", "authorization_code"]
+    client_id: str | None = None
+    client_secret: SecretStr | None = None
+    private_key: SecretStr | None = None
+    signing_algorithm: str = "RS256"
+    scope: str | None = None
+    issuer: str | None = None
+    token_endpoint_auth_method: (
+        Literal["client_secret_basic", "client_secret_post", "none"] | None
+    ) = None
+    redirect_url: str | None = None
+    client_metadata_url: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> McpAuth:
+        _http_url(self.issuer, "issuer")
+        _http_url(self.redirect_url, "redirect_url")
+        if self.client_metadata_url is not None and (
+            urlsplit(self.client_metadata_url).scheme != "https"
+            or urlsplit(self.client_metadata_url).path in ("", "/")
+        ):
+            raise KeyProblem(("client_metadata_url",), "must be an https URL with a path")
+        if self.client_secret is not None and self.client_id is None:
+            raise ValueError("client_secret goes with client_id")
+        if self.token_endpoint_auth_method == "none" and self.client_secret is not None:
+            raise KeyProblem(("token_endpoint_auth_method",), "none sends no client_secret")
+        if self.private_key is not None and (
+            self.type != "client_credentials" or self.client_secret is not None
+        ):
+            raise ValueError("private_key goes with client_credentials, instead of client_secret")
+        if self.type == "client_credentials":
+            if self.client_id is None or (self.client_secret is None and self.private_key is None):
+                raise ValueError(
+                    "client_credentials needs client_id, and client_secret or private_key"
+                )
+            if self.token_endpoint_auth_method == "none":
+                raise KeyProblem(
+                    ("token_endpoint_auth_method",), "client_credentials sends a secret"
+                )
+            if self.redirect_url is not None or self.client_metadata_url is not None:
+                raise ValueError("redirect_url and client_metadata_url go with authorization_code")
+        elif self.redirect_url is None:
+            raise ValueError(
+                f"authorization_code needs redirect_url (serve's {CALLBACK_PATH} as the "
+                "authorization server's redirect reaches it)"
+            )
+        return self
+
+    def plain_secret(self) -> str | None:
+        return self.client_secret.get_secret_value() if self.client_secret else None
+
+    def plain_key(self) -> str | None:
+        return self.private_key.get_secret_value() if self.private_key else None
+
+    @property
+    def auth_method(self) -> str:
+        """How the token endpoint is told who we are: as configured, else the secret in
+        a Basic header when there is one (RFC 6749's must-support), else nothing."""
+        if self.token_endpoint_auth_method is not None:
+            return self.token_endpoint_auth_method
+        return "client_secret_basic" if self.client_secret is not None else "none"
+
 
 class McpServerConfig(StrictModel):
     """Where an MCP server is: ``url`` (streamable HTTP) or ``command`` (a stdio subprocess).
@@ -63,7 +154,8 @@ class McpServerConfig(StrictModel):
     says which, through the validation context ``{"substituted": {value: "${VAR}"}}``);
     they are redacted from what its server answers and every message we build
     (``redact``). A plain ``env: {TZ_MODE: time}`` is no secret: it is in the file.
-    ``tools``, when given, is the allowlist of the server's tool names.
+    ``tools``, when given, is the allowlist of the server's tool names. ``auth`` (HTTP
+    only): OAuth (:class:`McpAuth`); its ``client_secret`` is a secret too.
     """
 
     url: str | None = None
@@ -72,7 +164,15 @@ class McpServerConfig(StrictModel):
     args: list[str] = Field(default_factory=list, repr=False)
     env: dict[str, SecretStr] = Field(default_factory=dict)
     tools: list[str] | None = None  # the allowlist; None: every tool the server lists
+    auth: McpAuth | None = None
+    # How long a question the server asks mid-call waits for the requester's answer
+    # (elicitation): in-session (``elicitation/create``, the session held open meanwhile),
+    # and as a 2026-07-28 ``InputRequiredResult`` (nothing held open: the call is sent again).
+    elicitation_timeout: Duration = ELICITATION_TIMEOUT_S
+    input_required_timeout: Duration = INPUT_REQUIRED_TIMEOUT_S
     _substituted: tuple[str, ...] = PrivateAttr(default=())  # what ${VAR} put in its values
+    # What OAuth gave this process (tokens, a registered client's secret): the latest few.
+    _obtained: dict[str, None] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _note_substituted(self, info: ValidationInfo) -> McpServerConfig:
@@ -83,6 +183,13 @@ class McpServerConfig(StrictModel):
             *self.args,
             self.url or "",
             self.command or "",
+            *(
+                self.auth.model_dump(
+                    exclude={"client_secret", "private_key"}, exclude_none=True
+                ).values()
+                if self.auth is not None
+                else ()
+            ),
         ]
         self._substituted = tuple(v for v in filled if v and any(v in f for f in values))
         return self
@@ -100,6 +207,8 @@ class McpServerConfig(StrictModel):
                 raise ValueError("args and env go with command, not url")
         elif self.headers:
             raise ValueError("headers go with url, not command")
+        elif self.auth is not None:
+            raise ValueError("auth goes with url, not command")
         return self
 
     @property
@@ -113,8 +222,22 @@ class McpServerConfig(StrictModel):
         return plain(self.env)
 
     def secrets(self) -> list[str]:
-        """Every header value and every value ``${VAR}`` put in (what logs mask too)."""
-        return sorted({v for v in (*self.plain_headers().values(), *self._substituted) if v})
+        """Every header value, the OAuth client secret and the tokens OAuth gave
+        (:meth:`obtained`), and every value ``${VAR}`` put in (what logs mask too)."""
+        auth = self.auth
+        keys = (auth.plain_secret() or "", auth.plain_key() or "") if auth is not None else ()
+        found = (*self.plain_headers().values(), *self._substituted, *keys, *self._obtained)
+        return sorted({v for v in found if v})
+
+    def obtained(self, secret: str) -> None:
+        """A secret OAuth gave (an access or refresh token): redacted like the others.
+        The latest :data:`KEPT_OBTAINED` are kept (older tokens have expired)."""
+        if not secret:
+            return
+        self._obtained.pop(secret, None)
+        self._obtained[secret] = None
+        while len(self._obtained) > KEPT_OBTAINED:
+            del self._obtained[next(iter(self._obtained))]
 
     def redact(self, text: str) -> str:
         """``text`` with each secret of :meth:`secrets` (4 characters or more) as ``***``."""

@@ -48,6 +48,17 @@ Log lines name the thread whose call they are about, or none: the worker outlive
 call that started it, so it starts in a context of its own (it would otherwise keep the
 log fields that call bound, and name that thread in every later line); what goes wrong
 with one request is noted on it and logged by the task that made the request.
+
+The client declares elicitation (form and url). A classic ``elicitation/create`` the
+server sends while a tool call is in flight belongs to that call: over streamable HTTP
+it arrives in the context of the request that posted the call (the SDK runs the
+handler in its sender's context, so ``_serving`` names it); otherwise it is the one
+tool call in flight on the session (with several, nobody can tell which asked, and it
+is answered cancel). The call's caller then gets :class:`Asking` instead of a result:
+the call waits, in flight, for a person; :meth:`McpConnection.resume` hands the answer
+to the handler still waiting in this process and awaits the call again. A handler left
+unanswered answers cancel itself after ``elicitation_timeout`` and a grace: the session
+is never held open past that.
 """
 
 from __future__ import annotations
@@ -58,9 +69,10 @@ import contextvars
 import json
 import logging
 import re
+import secrets
 import sys
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -76,8 +88,15 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from tools.errors import OutcomeUnknown, ToolError
+from tools.mcp.auth import (
+    AuthorizationPending,
+    MemoryRecords,
+    OAuthRecords,
+    auth_failure,
+    provider,
+)
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig
-from tools.mcp.errors import McpUnauthorized, McpUnavailable
+from tools.mcp.errors import McpNotAuthorized, McpUnauthorized, McpUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +125,52 @@ class _Request:
     stale_session: int | None = None  # the HTTP 4xx status a request on a session got
     retry: bool = True  # may it run again on a new session when its session is gone?
     unauthorized: str | None = None  # WWW-Authenticate of a 401 it got ("" without one)
+    auth_error: BaseException | None = None  # why its OAuth (``auth:``) got no token
+    # The server's elicitation/create requests of this call, for its caller to put to a
+    # person (each one's handler awaits its answer).
+    questions: asyncio.Queue[_Asked] = field(default_factory=asyncio.Queue)
 
     def warn(self, msg: str, *args: Any) -> None:
         """Note a warning about this request; ``McpConnection.request`` logs it in the
         caller's task, so it carries the caller's thread."""
         self.warnings.append((msg, *args))
+
+
+@dataclass(eq=False)
+class _Asked:
+    """One ``elicitation/create`` of a tool call: its params, and the answer its
+    handler (the SDK's elicitation callback, in the worker) awaits."""
+
+    params: types.ElicitRequestParams
+    answer: asyncio.Future[types.ElicitResult]
+
+
+@dataclass(eq=False)
+class _Live:
+    """A question handed to a caller as :class:`Asking`, until it is answered."""
+
+    req: _Request
+    asked: _Asked
+    until: float  # on the loop's clock: its handler has answered cancel by then
+
+
+@dataclass(frozen=True)
+class Asking:
+    """What a tool call gives instead of its result while it waits, in flight, for a
+    person to answer the server's question ``params``; ``ask_id`` names it for
+    :meth:`McpConnection.resume` (in this process only)."""
+
+    ask_id: str
+    params: types.ElicitRequestParams
+
+
+class QuestionGone(ToolError):
+    """No question of that id waits in this process (it restarted, another process
+    holds the session, or the session ended)."""
+
+
+_ANSWER_GRACE_S = 60.0  # past the elicitation timeout, a handler answers cancel itself
+_CANCEL = types.ElicitResult(action="cancel")
 
 
 # The request the current task is serving: the SDK writes a request in the task that
@@ -130,6 +190,7 @@ class _Worker:
     inflight: set[_Request] = field(default_factory=set)
     listening: anyio.CancelScope | None = None  # of its change stream, when it keeps one
     unauthorized: str | None = None  # WWW-Authenticate of a 401 it got ("" without one)
+    auth_error: BaseException | None = None  # why its OAuth (``auth:``) got no token
 
     def stop(self) -> None:
         """End the session now, cancelling what runs on it."""
@@ -152,10 +213,18 @@ class McpConnection:
     """Requests to one MCP server over one session, reconnecting after a failure."""
 
     def __init__(
-        self, name: str, server: McpServerConfig, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+        self,
+        name: str,
+        server: McpServerConfig,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        oauth: OAuthRecords | None = None,
     ) -> None:
+        """``oauth``: where a server with ``auth:`` keeps its tokens (the store; in
+        memory without one)."""
         self.name = name
         self.server = server
+        self.oauth = oauth
         self.connect_timeout_s = connect_timeout_s
         self._current: _Worker | None = None
         self._workers: set[_Worker] = set()
@@ -166,6 +235,7 @@ class McpConnection:
         # Set by a serving source (see the module docstring); called on the worker's loop.
         self.on_tools_changed: Callable[[], None] | None = None
         self.on_session_ended: Callable[[], None] | None = None
+        self._asking: dict[str, _Live] = {}  # questions handed out as Asking, by ask_id
 
     async def request(self, op: Op, *, call: str | None = None) -> Any:
         """Run ``op(client)`` on the session (connecting first when there is none).
@@ -173,7 +243,8 @@ class McpConnection:
         ``call`` names the server tool when ``op`` runs it: a failure after its
         ``tools/call`` went out is then ``OutcomeUnknown``, not ``McpUnavailable``.
         A request the server answered with "no such session" before any ``tools/call``
-        went out runs once more, on a new session.
+        went out runs once more, on a new session. A call whose server asks a question
+        in the middle gives :class:`Asking` (see the module docstring).
         """
         try:
             return await self._request(op, call, retry=True)
@@ -184,16 +255,47 @@ class McpConnection:
         worker = await self._connected()
         req = _Request(op, asyncio.get_running_loop().create_future(), call=call, retry=retry)
         worker.queue.put_nowait(req)
+        return await self._outcome(req)
+
+    async def resume(self, ask_id: str, answer: types.ElicitResult) -> Any:
+        """Hand ``answer`` to the question ``ask_id`` (an :class:`Asking` this process
+        gave) and await its call again: its result, or :class:`Asking` for its next
+        question. :class:`QuestionGone` when no such question waits here."""
+        live = self._asking.pop(ask_id, None)
+        if live is None:
+            raise QuestionGone(f"MCP server {self.name!r}: the question is not waiting here")
+        if not live.asked.answer.done():  # else its handler already answered cancel
+            live.asked.answer.set_result(answer)
+        return await self._outcome(live.req)
+
+    async def _outcome(self, req: _Request) -> Any:
+        """What ``req`` gives its caller: its result (or error), or :class:`Asking` when
+        the server asks a question first."""
         try:
-            return await req.future
+            got = await _first(req)
         except asyncio.CancelledError:
-            # The caller gave up (the engine's tool timeout): stop the request too.
+            # The caller gave up (the engine's tool timeout): stop the request too. Its
+            # future is cancelled first, so that its end is not taken for the session's.
+            req.future.cancel()
             if req.scope is not None:
                 req.scope.cancel()
             raise
         finally:
             for warning in req.warnings:
                 log.warning(*warning)
+            req.warnings.clear()
+        if not isinstance(got, _Asked):
+            return got
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for stale in [k for k, v in self._asking.items() if v.until < now]:
+            del self._asking[stale]  # answered cancel by its handler, never resumed
+        ask_id = secrets.token_hex(8)
+        until = now + self.server.elicitation_timeout + _ANSWER_GRACE_S
+        self._asking[ask_id] = _Live(req, got, until)
+        # Nobody may await it again (no answer comes): its error is not worth a log line.
+        req.future.add_done_callback(_retrieved)
+        return Asking(ask_id, got.params)
 
     async def close(self) -> None:
         """End every session (and subprocess); safe to call twice."""
@@ -275,7 +377,10 @@ class McpConnection:
         finally:
             worker.broken = True
             reason = self._describe(error) if error is not None else "the session was closed"
-            if worker.unauthorized is not None:
+            failed_auth = worker.auth_error or (auth_failure(error) if error else None)
+            if failed_auth is not None:
+                reason = self._auth_failed(failed_auth)
+            elif worker.unauthorized is not None:
                 reason = self._unauthorized(worker.unauthorized)
             opened = worker.ready.done()  # else whoever waits to connect says why not
             if error is not None:
@@ -285,10 +390,12 @@ class McpConnection:
             if opened and not self._closed and self.on_session_ended is not None:
                 self.on_session_ended()
             if not opened:
-                unauthorized = worker.unauthorized is not None
-                worker.ready.set_exception(
-                    (McpUnauthorized if unauthorized else McpUnavailable)(reason)
-                )
+                kind: type[McpUnavailable] = McpUnavailable
+                if failed_auth is not None:
+                    kind = McpNotAuthorized
+                elif worker.unauthorized is not None:
+                    kind = McpUnauthorized
+                worker.ready.set_exception(kind(reason))
             pending = list(worker.inflight)
             while not worker.queue.empty():
                 if (req := worker.queue.get_nowait()) is not None:
@@ -300,11 +407,20 @@ class McpConnection:
     async def _enter(self, stack: AsyncExitStack, worker: _Worker) -> Client:
         server = self.server
         if server.url is not None:
+            # A provider per session: each (re)connect reads the tokens the database has.
+            oauth = None
+            if server.auth is not None:
+                oauth = _AuthNoting(
+                    provider(self.name, server, self.oauth or MemoryRecords()), worker
+                )
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(
                     headers=server.plain_headers(),
                     timeout=_HTTP_TIMEOUT,
-                    event_hooks={"response": [_watch_response, partial(_note_401, worker)]},
+                    auth=oauth,
+                    event_hooks={
+                        "response": [_watch_response, partial(_note_401, worker, server.url)]
+                    },
                 )
             )
             transport: Any = _watched(streamable_http_client(server.url, http_client=http))
@@ -328,8 +444,38 @@ class McpConnection:
             cache=None,
             client_info=_CLIENT_INFO,
             message_handler=on_message,
+            elicitation_callback=partial(self._on_elicit, worker),
         )
         return await stack.enter_async_context(client)
+
+    async def _on_elicit(
+        self, worker: _Worker, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        """The server asks a question (``elicitation/create``): hand it to the caller of
+        the tool call it belongs to and await the person's answer, at most until the
+        elicitation timeout and a grace have passed (then: cancel)."""
+        req = _serving.get()
+        if req is None or req.call is None:
+            calls = [r for r in worker.inflight if r.call is not None and r.sent]
+            req = calls[0] if len(calls) == 1 else None
+        if req is None or req.future.done():
+            log.warning(
+                "mcp question answered cancel server=%s reason=%s",
+                self.name,
+                "it belongs to no single tool call in flight",
+            )
+            return _CANCEL
+        asked = _Asked(params, asyncio.get_running_loop().create_future())
+        req.questions.put_nowait(asked)
+        try:
+            async with asyncio.timeout(self.server.elicitation_timeout + _ANSWER_GRACE_S):
+                return await asyncio.shield(asked.answer)
+        except TimeoutError:
+            log.warning("mcp question unanswered server=%s tool=%s", self.name, req.call)
+            return _CANCEL
+        finally:
+            if not asked.answer.done():
+                asked.answer.set_result(_CANCEL)  # so a late resume sees it answered
 
     def _tools_changed(self) -> None:
         if self.on_tools_changed is not None:
@@ -396,10 +542,16 @@ class McpConnection:
                 if not req.future.done():
                     req.future.set_result(result)
         except Exception as exc:
-            if req.unauthorized is not None:
+            failed_auth = req.auth_error or auth_failure(exc)
+            if failed_auth is not None:  # refused before it ran, as a 401 is
+                mapped: ToolError = McpNotAuthorized(self._auth_failed(failed_auth))
+                req.warn("mcp request unauthorized server=%s reason=%s", self.name, mapped)
+                self.mark_down(str(mapped))
+                worker.retire()
+            elif req.unauthorized is not None:
                 # Refused before it ran (so never an unknown outcome), and not a session
                 # the server forgot: the next request reconnects and asks again.
-                mapped: ToolError = McpUnauthorized(self._unauthorized(req.unauthorized))
+                mapped = McpUnauthorized(self._unauthorized(req.unauthorized))
                 req.warn("mcp request unauthorized server=%s", self.name)
                 self.mark_down(str(mapped))
                 worker.retire()
@@ -488,11 +640,43 @@ class McpConnection:
         text = f"401: this server needs authorization ({' '.join(said.split())})"
         return f"MCP server {self.name!r}: {self.server.redact(text)}"
 
+    def _auth_failed(self, exc: BaseException) -> str:
+        """One line on an OAuth flow that did not end in a token (its own words)."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, AuthorizationPending):
+            text = f"OAuth: {text}"
+        return f"MCP server {self.name!r}: not authorized: {self.server.redact(text)}"
+
     def _describe(self, exc: BaseException) -> str:
         leaf = _leaf(exc)
         detail = " ".join(str(leaf).split())
         text = type(leaf).__name__ + (f": {detail}" if detail else "")
         return f"MCP server {self.name!r}: {self.server.redact(text)}"
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _first(req: _Request) -> Any:
+    """``req``'s result (or error), or the first question its server asks before it
+    ends. A question still queued when the call has ended is moot: answered cancel."""
+    getter = asyncio.ensure_future(req.questions.get())
+    try:
+        await asyncio.wait({req.future, getter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if not req.future.done():
+        return getter.result()
+    moot = [getter.result()] if getter.done() and not getter.cancelled() else []
+    while not req.questions.empty():
+        moot.append(req.questions.get_nowait())
+    for asked in moot:
+        if not asked.answer.done():
+            asked.answer.set_result(_CANCEL)
+    return req.future.result()
 
 
 def _announces_changes(client: Client) -> bool:
@@ -518,15 +702,68 @@ def _is_tool_call(item: Any) -> bool:
     return isinstance(message, types.JSONRPCRequest) and message.method == "tools/call"
 
 
-async def _note_401(worker: _Worker, response: httpx2.Response) -> None:
-    """httpx response hook: a 401 means the server wants authorization, which opsloop
-    does not do (no OAuth yet): the errors then say so instead of "unreachable"."""
-    if response.status_code == 401:
-        challenge = response.headers.get("www-authenticate", "")[:_MAX_CHALLENGE]
+async def _note_401(worker: _Worker, url: str, response: httpx2.Response) -> None:
+    """httpx response hook: a 401 from the server (or a 403 asking for a wider scope)
+    means it wants authorization it did not get: the errors then say so instead of
+    "unreachable", and a call so refused did not run. With ``auth:`` the OAuth provider
+    answers a 401 itself, and the answer that follows clears the note. Only the MCP
+    endpoint counts: not the authorization server's answers to the provider."""
+    endpoint = httpx2.URL(url).copy_with(query=None, fragment=None)
+    if response.request.url.copy_with(query=None, fragment=None) != endpoint:
+        return
+    challenge = response.headers.get("www-authenticate", "")[:_MAX_CHALLENGE]
+    refused = response.status_code == 401 or (
+        response.status_code == 403 and "insufficient_scope" in challenge
+    )
+    req = _serving.get()
+    if refused:
         worker.unauthorized = challenge
-        req = _serving.get()
         if req is not None:
             req.unauthorized = challenge
+    elif response.is_success:
+        worker.unauthorized = worker.auth_error = None
+        if req is not None:
+            req.unauthorized = None
+
+
+class _AuthNoting(httpx2.Auth):
+    """The OAuth provider (tools/mcp/auth.py), except that a flow that ends without a
+    token ends with the server's own refusal, and why is noted on the request and the
+    session (``auth_error``). Raised, the error would end the transport's task group
+    and every request on the session with it; answered, the transport fails that one
+    request as it fails any refused one, and our errors say why. (httpx hands on the
+    last answer of a flow: when that was the authorization server's, the request goes
+    once more as it is, without a token that works, so the answer is the server's.)"""
+
+    def __init__(self, inner: httpx2.Auth, worker: _Worker) -> None:
+        self._inner = inner
+        self._worker = worker
+        self.requires_request_body = inner.requires_request_body
+        self.requires_response_body = inner.requires_response_body
+
+    async def async_auth_flow(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        flow = self._inner.async_auth_flow(request)
+        outgoing = request
+        try:
+            try:
+                outgoing = await flow.__anext__()
+                while True:
+                    response = yield outgoing
+                    outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                if (found := auth_failure(exc)) is None:
+                    raise
+                self._worker.auth_error = found
+                if (req := _serving.get()) is not None:
+                    req.auth_error = found
+            if outgoing is not request:
+                yield request
+        finally:
+            await flow.aclose()
 
 
 async def _watch_response(response: httpx2.Response) -> None:

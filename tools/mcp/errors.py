@@ -9,7 +9,9 @@ Tree::
     RetryableToolError
     +-- McpUnavailable        the server is down or the connection dropped before a tool call
                               went out (connecting, the definition check); the next call reconnects
-        +-- McpUnauthorized   the server answered 401: it needs authorization (no OAuth yet)
+        +-- McpUnauthorized   the server answered 401: it needs authorization
+            +-- McpNotAuthorized  its OAuth (``auth:``) got no token: an admin has yet
+                                  to authorize opsloop, or the authorization server refused
 
 A tool call whose ``tools/call`` went out before the connection dropped (or its answer
 timed out) raises ``tools.errors.OutcomeUnknown`` instead: the server may have run it.
@@ -42,5 +44,11 @@ class McpUnavailable(RetryableToolError):
 
 class McpUnauthorized(McpUnavailable):
     """The server answered HTTP 401: it wants authorization opsloop does not give (no
-    OAuth yet; a ``headers:`` token it refuses). The message quotes its
+    ``auth:``; a ``headers:`` token it refuses). The message quotes its
     ``WWW-Authenticate``. Nothing ran; a later try asks again (a token may be fixed)."""
+
+
+class McpNotAuthorized(McpUnauthorized):
+    """The server's OAuth (``auth:``, tools/mcp/auth.py) ended without a token: an admin
+    has yet to authorize opsloop, or the authorization server refused (its words). Nothing
+    ran; a later try asks again."""

@@ -24,6 +24,11 @@ check sees) replaces its Tool in the registry, so the next decision is offered i
 a call requested under the old one is still refused (the runner compares the hash it
 recorded with the registry's, and this source with the server's). Tools the server adds
 join; tools it removes leave.
+
+A server may ask the requester a question in the middle of a call (elicitation): the
+attempt then ends in a durable wait, and the attempt after it goes on with the answer
+(tools/mcp/elicitation.py). Each call carries a progress token; the server's progress
+reaches :data:`tools.mcp.progress.PROGRESS` (rate-limited there), never the log.
 """
 
 from __future__ import annotations
@@ -32,17 +37,35 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import mcp_types as types
 from mcp import Client
 
-from tools.errors import ToolDefinitionError, ToolError
+from tools.errors import OutcomeUnknown, ToolDefinitionError, ToolError
 from tools.mcp import keeper
+from tools.mcp.asking import (
+    elicit_result,
+    first_question,
+    next_question,
+    question,
+    send_call,
+    wait_for,
+)
+from tools.mcp.auth import OAuthRecords
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, registered_name, server_name
-from tools.mcp.connection import McpConnection
-from tools.mcp.errors import DefinitionChanged, McpLoadError, McpUnauthorized, McpUnavailable
+from tools.mcp.connection import Asking, McpConnection, QuestionGone
+from tools.mcp.elicitation import Question, answer_of, question_of
+from tools.mcp.errors import (
+    DefinitionChanged,
+    McpLoadError,
+    McpNotAuthorized,
+    McpUnauthorized,
+    McpUnavailable,
+)
 from tools.mcp.input_schema import COMBINATORS, Unfit, fit_for_the_model
+from tools.mcp.progress import PROGRESS, ProgressHub
 from tools.mcp.results import tool_output
 from tools.registry import Tool, ToolRegistry
 from tools.schema_tool import SchemaArguments, schema_tool
@@ -83,11 +106,14 @@ class McpSource:
         *,
         call_timeout_s: float | None = None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        oauth: OAuthRecords | None = None,
+        progress: ProgressHub | None = None,
     ) -> None:
         """``name``: the server's key under ``tools.mcp``. ``call_timeout_s``: how long a
         call waits for its answer (None: no limit of its own); past it the outcome is
         unknown, so keep it below the engine's tool timeout. ``connect_timeout_s``: how
-        long connecting may take."""
+        long connecting may take. ``oauth``: where a server with ``auth:`` keeps its
+        tokens (the store; :meth:`keep_oauth_in` sets it later)."""
         try:
             self.server_name = server_name(name)
         except ValueError as exc:
@@ -97,7 +123,7 @@ class McpSource:
         self.connect_timeout_s = connect_timeout_s
         self.name = f"mcp:{name}"
         self.key = f"tools.mcp.{name}"
-        self._conn = McpConnection(name, server, connect_timeout_s=connect_timeout_s)
+        self._conn = McpConnection(name, server, connect_timeout_s=connect_timeout_s, oauth=oauth)
         # What is offered, by the server's tool name: its definition, and its Tool.
         self._loaded: dict[str, _Definition] = {}
         self._tools: dict[str, Tool] = {}
@@ -106,6 +132,7 @@ class McpSource:
         self.left_out: list[str] = []  # one line per tool not offered, and why
         self.registry: ToolRegistry | None = None  # serving: where its tools are kept
         self._keeper: keeper.Keeper | None = None
+        self.progress = progress or PROGRESS  # where notifications/progress go
 
     async def open(self) -> list[Tool]:
         """Connect, list every page, build the Tools; one-line McpLoadError otherwise."""
@@ -142,6 +169,11 @@ class McpSource:
             await self._keeper.stop()
         await self._conn.close()
 
+    def keep_oauth_in(self, records: OAuthRecords) -> None:
+        """Where a server with ``auth:`` keeps its OAuth (the store), from the next
+        connect on (tools/mcp/auth.py)."""
+        self._conn.oauth = records
+
     async def refresh(self) -> None:
         """List the server's tools now and offer them as they are (bounded by the
         connect time): a changed definition replaces its Tool, new tools join, removed
@@ -174,6 +206,8 @@ class McpSource:
         any other exception as it is."""
         if isinstance(exc, McpLoadError):
             return exc
+        if isinstance(exc, McpNotAuthorized):  # its OAuth got no token
+            return self._load_error(f"is {self._detail(exc)}")
         if isinstance(exc, McpUnauthorized):  # reached: it says why it refuses
             return self._load_error(f"answered {self._detail(exc)}")
         if isinstance(exc, McpUnavailable | TimeoutError):
@@ -276,7 +310,7 @@ class McpSource:
         return offered, left_out
 
     def _tool(self, d: _Definition) -> Tool:
-        async def call_mcp_tool(args: SchemaArguments, ctx: Any) -> dict[str, Any]:
+        async def call_mcp_tool(args: SchemaArguments, ctx: Any) -> Any:
             return await self._call(d, args.as_dict(), ctx)
 
         return schema_tool(
@@ -292,9 +326,82 @@ class McpSource:
             source_name=d.remote,
         )
 
-    async def _call(self, d: _Definition, arguments: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    async def _call(self, d: _Definition, arguments: dict[str, Any], ctx: Any) -> Any:
         """Run the tool ``d`` defines, if the server still defines it as the call was
-        requested (``ctx.definition_hash``; else as ``d``)."""
+        requested (``ctx.definition_hash``; else as ``d``): its output, or the durable
+        wait of a question the server asks first (tools/mcp/elicitation.py). An attempt
+        handed the answer (``ctx.answer``) goes on with it: in the session still holding
+        the call (classic), or by sending the call again (input required)."""
+        answer = getattr(ctx, "answer", None)
+        asked = question_of(answer.data) if answer is not None else None
+        thread, call_id = getattr(ctx, "thread_id", ""), getattr(ctx, "tool_call_id", "")
+        try:
+            if asked is not None and asked.kind == "classic":
+                return await self._resume_in_session(d, asked, answer)
+            responses, state = None, None
+            if asked is not None and answer is not None:  # input required: next question, or again
+                answers = {
+                    **asked.answers,
+                    asked.key: answer_of(answer.result, timed_out=answer.timed_out),
+                }
+                if asked.pending:
+                    again = next_question(
+                        asked.pending, answers, state=asked.request_state, **self._asker(d)
+                    )
+                    return wait_for(again, self.server.input_required_timeout)
+                responses = {k: elicit_result(v) for k, v in answers.items()}
+                state = asked.request_state
+            await self._check_definition(d, ctx)
+
+            async def on_progress(
+                progress: float, total: float | None, message: str | None
+            ) -> None:
+                self.progress.report(thread, call_id, progress, total, message)
+
+            send = partial(
+                send_call,
+                name=d.remote,
+                arguments=arguments,
+                timeout_s=self.call_timeout_s,
+                progress=on_progress,
+                responses=responses,
+                state=state,
+            )
+            return self._outcome(d, await self._conn.request(send, call=d.remote))
+        finally:
+            self.progress.done(thread, call_id)
+
+    async def _resume_in_session(self, d: _Definition, asked: Question, answer: Any) -> Any:
+        """Hand the answer to the session still holding the call (in this process), and
+        await the call. The session gone (a restart, another process), nobody can say
+        what the call did: its outcome is unknown (an idempotent call is simply run again)."""
+        result = elicit_result(answer_of(answer.result, timed_out=answer.timed_out))
+        try:
+            out = await self._conn.resume(asked.ask_id, result)
+        except QuestionGone:
+            raise OutcomeUnknown(
+                f"{d.name} asked a question in an MCP session that is gone (opsloop "
+                "restarted, or another process runs the thread now): the answer could not "
+                "be given, and whether the call did anything is unknown"
+            ) from None
+        return self._outcome(d, out)
+
+    def _outcome(self, d: _Definition, out: Any) -> Any:
+        """A call's output, or the wait for the question it asks."""
+        if isinstance(out, Asking):
+            asked = question(out.params, **self._asker(d), kind="classic", ask_id=out.ask_id)
+            return wait_for(asked, self.server.elicitation_timeout)
+        if isinstance(out, types.InputRequiredResult):
+            first = first_question(out, **self._asker(d))
+            return wait_for(first, self.server.input_required_timeout)
+        return tool_output(out, self.server.redact)
+
+    def _asker(self, d: _Definition) -> dict[str, Any]:
+        return {"server": self.server_name, "tool": d.name, "redact": self.server.redact}
+
+    async def _check_definition(self, d: _Definition, ctx: Any) -> None:
+        """Refuse the call (``DefinitionChanged``) unless the server defines the tool as
+        the call was requested (``ctx.definition_hash``; else as ``d``)."""
         remote = d.remote
         pinned = getattr(ctx, "definition_hash", None) or d.hash
         current = next((t for t in await self._list(until=remote) if t.name == remote), None)
@@ -314,13 +421,6 @@ class McpSource:
                 f"the definition of {d.name} changed since the call was approved "
                 f"({_what_changed(d, now, pinned)}); it was not run"
             )
-
-        async def call(client: Client) -> types.CallToolResult:
-            return await client.call_tool(
-                remote, arguments, read_timeout_seconds=self.call_timeout_s
-            )
-
-        return tool_output(await self._conn.request(call, call=remote), self.server.redact)
 
     async def _refresh_quietly(self) -> None:
         try:
