@@ -31,7 +31,10 @@ from tests.fakes.slack import FakeSlack
 
 REQUESTER = "U0BENCHREQ"
 QUESTION = "Which region?"
-ANSWER = "Done."  # the flows' final answer, streamed (short: each event waits STREAM_GAP_S)
+# The flows' final answer, streamed. Its first text delta (the fake cuts deltas of three
+# characters) holds a whole word, as a model's first token does: a front door that
+# shows only whole words can show it at once. Short: each event waits STREAM_GAP_S.
+ANSWER = "I did."
 CI_REPO = "acme/api"
 # A held model call answers after this long: the bench kills its process well before,
 # and a thread the other replica happened to take finishes on its own.

@@ -1,20 +1,31 @@
 """End-to-end latencies of real ``opsloop serve`` processes, on SQLite and PostgreSQL.
 
-Run: ``.venv/bin/python bench/latency.py [--quick]``. The fake Slack Web API and the fake
-Anthropic API run in a process of their own and stamp (``time.time()``) every
-``chat.postMessage``, ``chat.update`` and model request as it arrives; the model answers
-at once. Each *flow* is one Slack thread, tagged in its first message so every stamp is
-matched to its thread (by thread ts, card ts or tag, never by order):
+Run: ``.venv/bin/python bench/latency.py [--quick] [--flows-only]``. The fake Slack Web
+API and the fake Anthropic API run in a process of their own
+(``bench/_latency_fakes.py``) and stamp (``time.time()``) every post, update, streamed
+message call (``chat.startStream`` / ``appendStream`` / ``stopStream``), loading status
+(``assistant.threads.setStatus``), model request and streamed answer's first token as
+it arrives; the model answers at once. Each *flow* is one Slack thread, tagged in its
+first message so every stamp is matched to its thread (by thread ts, card ts or tag,
+never by order):
 
-1. mention → first post: an ``app_mention`` → the first ``chat.postMessage`` in it;
+1. mention → first post: an ``app_mention`` → the first message in it (a post or a plan
+   message started); mention → loading status: from the mention's HTTP ack to the
+   first ``assistant.threads.setStatus`` with words in that thread (target p99 < 300 ms
+   on both backends);
 2. the model asks for ``bench_deploy`` (approve_before_run): a card; Approve is clicked;
    click → card updated (``chat.update`` of that card) and click → tool started (the
    tool writes its own ``time.time()`` to a file when it runs);
-3. the model asks a question; the requester replies in the thread: reply → next model
-   request;
+3. the model asks a question (at the end of the run's plan message); the requester
+   replies in the thread: reply → next model request;
 4. the model starts ``bench_wait`` (wait_for_external_event); its wait id is read from
    the log and ``POST /hooks/{wait_id}`` is sent: webhook → resume (the next model
-   request); the model answers, the thread is idle.
+   request); the model streams its answer, ``STREAM_GAP_S`` between events: its first
+   token → the first ``chat.startStream`` / ``appendStream`` carrying answer text in
+   that thread (target p99 < 50 ms on both backends: issue 22's "first streamed
+   character"); the thread is idle.
+
+``--flows-only`` stops there (no alerts, CI runs, SIGKILL or adapter figure).
 
 Then alerts: ``POST /alerts/alertmanager`` (Alertmanager's webhook JSON, one new alert
 each, bearer token; ``alerts.alertmanager`` in an ``opsloop.yaml`` of the bench's) →
@@ -46,7 +57,7 @@ and two replicas: mentions go to replica 1; clicks, replies and webhooks to repl
 replica 1 is the one killed. Every ``OPSLOOP_*`` setting keeps its default (lease 30 s,
 sweep 1 s). One JSON line on stdout, logs on stderr. Targets (PostgreSQL, two
 replicas): the first five p50 under 100 ms; SIGKILL → resume under 2 s (every thread,
-both backends).
+both backends); the loading status and the streamed character as above.
 """
 
 from __future__ import annotations
@@ -56,7 +67,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import os
 import random
 import statistics
 import sys
@@ -335,11 +345,6 @@ class Bench:
             lambda x: x.kind == "model" and x.tag == tag and x.stage == 3 and x.t >= t_hook,
             f"{tag}: the model asked after the webhook",
         )
-        if os.environ.get("BENCH_DEV_NO_TOKEN"):  # DEV ONLY, remove
-            await s.first(lambda x: shown_in(x, root, ANSWER, t_hook), f"{tag}: the final answer")
-            self.samples.add("webhook_to_resume", t_hook, resumed.t)
-            self.samples.add(STREAMED, 0, 0)
-            return
         token = await s.first(
             lambda x: x.kind == "token" and x.tag == tag and x.stage == 3 and x.t >= t_hook,
             f"{tag}: the answer's first token (is the model called streaming?)",
@@ -351,6 +356,9 @@ class Bench:
             ),
             f"{tag}: the answer's first character streamed",
         )
+        # Both stamps are the fakes' process's clock: text cannot reach Slack before it.
+        if character.t < token.t:
+            raise RuntimeError(f"{tag}: answer text reached Slack before the model wrote it")
         await s.first(lambda x: shown_in(x, root, ANSWER, t_hook), f"{tag}: the final answer")
         if keep:
             self.samples.add("webhook_to_resume", t_hook, resumed.t)

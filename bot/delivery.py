@@ -29,7 +29,9 @@ lines (DESIGN, "The thread as a live plan"): :mod:`bot.plan_outbox` says which r
 where each stands, :mod:`bot.stream` does their Slack side within the same passes, in
 log order with the posts (a run's plan above the card it stops at). Its receipts are
 recorded as posts' are, and a pass's look back also finds a plan message started
-without its receipt.
+without its receipt. The final answer is streamed into its plan message while the
+model writes it (:meth:`Delivery.answer_text`, :mod:`bot.answer_stream`), and a running
+MCP call's progress shows in its task card's title (``progress``: nothing recorded).
 
 A thread an alert opened is stored before it has a place in Slack (its root is a
 placeholder, ``engine.alerts.pending_root``): its first post is the alert, at the top of
@@ -53,6 +55,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetr
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import stream
+from bot.answer_stream import HOLD_S, AnswerStreams
 from bot.oncall import OnCall
 from bot.outbox import (
     Outbound,
@@ -66,6 +69,7 @@ from bot.outbox import (
 from bot.plan_outbox import PlanRun, plan_runs
 from bot.render.notification import fallback_text
 from bot.render.oncall import OnCallNow
+from bot.render.tasks import progress_note, task_id, titled
 from bot.slack_calls import Stop as _Stop
 from bot.slack_calls import call, refusal, surely_not_done
 from bot.slack_metrics import instrument
@@ -79,6 +83,7 @@ from engine.retrying import retrying
 from engine.reviewers import ANYONE, ReviewerRule
 from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadInfo
+from tools.mcp.progress import ProgressHub
 
 log = logging.getLogger("opsloop.delivery")
 
@@ -107,7 +112,9 @@ class Delivery:
     (None: no PagerDuty here; they are said to reach nobody). ``live_plan``: each run
     is one streamed plan message where Slack allows (False: a line per call and answer,
     as before plans); ``task_display_mode`` and ``rotate_after`` (seconds a stream
-    segment lives): see :class:`bot.stream.PlanMessages`.
+    segment lives): see :class:`bot.stream.PlanMessages`. ``answer_hold``: seconds the
+    first words of a reply wait before they are streamed (:mod:`bot.answer_stream`).
+    ``progress``: the hub whose MCP progress the task cards show (None: not shown).
     """
 
     def __init__(
@@ -125,6 +132,8 @@ class Delivery:
         live_plan: bool = True,
         task_display_mode: DisplayMode = "plan",
         rotate_after: float = ROTATE_AFTER_S,
+        answer_hold: float = HOLD_S,
+        progress: ProgressHub | None = None,
     ) -> None:
         self.store = store
         self.on_call = on_call
@@ -157,6 +166,8 @@ class Delivery:
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.answers = AnswerStreams(self, hold=answer_hold)
+        self._unlisten = progress.listen(self._progress) if progress is not None else None
 
     async def deliver(self, thread_id: str) -> int:
         """Show what ``thread_id`` at rest still has to show; how many posts and updates
@@ -194,6 +205,7 @@ class Delivery:
                 try:
                     # The log only grows: what others appended before we held the lease.
                     await sink.catch_up()
+                    await self._settle(run)
                     made = await run.run()
                 except _Stop as stop:
                     self._retry_later(thread_id, stop.retry_in)
@@ -225,10 +237,18 @@ class Delivery:
             sink = _ToRunner(self, thread_id, log)
             run = _Pass(self, await self._slack_thread(thread_id), sink)
             try:
+                await self._settle(run)
                 await run.run()
             except _Stop:
                 pass
             return sink.handed
+
+    async def answer_text(self, thread_id: str, delta: str, *, reset: bool = False) -> None:
+        """The runner's ``StreamsAnswers`` hook: the answer's text while the model writes
+        it, streamed into the run's plan message from a task of its own (it returns at
+        once): see :mod:`bot.answer_stream`. Nothing where runs are lines."""
+        if self.plans.live_plan:
+            self.answers.text(thread_id, delta, reset=reset)
 
     async def deliver_recent(self, since: datetime) -> None:
         """Deliver every thread updated since ``since``: at startup, finish what a crash
@@ -247,6 +267,10 @@ class Delivery:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        await self.answers.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -259,19 +283,89 @@ class Delivery:
         live = self.plans.live(channel) if channel is not None else self.plans.live_plan
         return pending_deliveries(events, reviewers=self.reviewers, live_plan=live)
 
-    def _planned(self, events: Sequence[ev.AnyEvent], channel: str | None) -> list[Planned]:
-        """The plan messages with something to do now, and what."""
+    def _planned(
+        self, events: Sequence[ev.AnyEvent], channel: str | None, *, answering: bool = False
+    ) -> list[Planned]:
+        """The plan messages with something to do now, and what (``answering``: the open
+        run's answer is being written: see :func:`bot.plan_outbox.plan_runs`)."""
         live = self.plans.live(channel) if channel is not None else self.plans.live_plan
         now = self.clock()
         return [
             (plan, step)
-            for plan in plan_runs(events, live_plan=live)
+            for plan in plan_runs(events, live_plan=live, answering=answering)
             if (step := self.plans.step(plan, now)) is not None
         ]
 
     def _due(self, thread_id: str, events: Sequence[ev.AnyEvent]) -> bool:
+        if self.answers.holds(thread_id):
+            return True
         channel = where[0] if (where := self._where.get(thread_id)) else None
         return bool(self._pending(events, channel) or self._planned(events, channel))
+
+    async def _settle(self, run: _Pass) -> None:
+        """Before a pass: the thread's streamed answer settles (what is in flight lands;
+        the rest is the pass's), and the receipts of what it showed early are recorded
+        first (or handed to the runner)."""
+        await self.answers.settle(run.thread_id)
+        early = self.answers.take(run.thread_id)
+        if early:
+            await run.record(early)
+            if isinstance(run.sink, _ToLog):  # in the log now: no need to look for them
+                shown = {r.shows_event_id for r in early if isinstance(r, ev.MessagePosted)}
+                self._handed.get(run.thread_id, set()).difference_update(shown)
+
+    # --- progress ---------------------------------------------------------------------
+
+    def _progress(
+        self,
+        thread_id: str,
+        tool_call_id: str,
+        progress: float,
+        total: float | None,
+        message: str | None,
+    ) -> None:
+        """A running MCP call's progress (``ProgressHub``'s listener, on the loop): its
+        task card's title says it, in the background."""
+        if self.plans.latest(thread_id) is None:
+            return  # no plan message here (lines, or another process shows it)
+        note = progress_note(progress, total, message)
+        task = asyncio.get_running_loop().create_task(
+            self._show_progress(thread_id, tool_call_id, note)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _show_progress(self, thread_id: str, tool_call_id: str, note: str) -> None:
+        """Append the card's title with ``note`` to the plan message showing the call, if
+        the card is still in progress there. The card's title as the log says it is
+        kept (:class:`bot.stream.Sent`): the next change of the card replaces this one."""
+        async with self._exclusive(thread_id):
+            found = self.plans.latest(thread_id)
+            if found is None:
+                return
+            ts, sent = found
+            key = task_id(tool_call_id)
+            card = sent.shown.get(key)
+            if card is None or card.get("status") != "in_progress" or not sent.channel:
+                return
+            chunk = {
+                "type": "task_update",
+                "id": key,
+                "title": titled(str(card.get("title", "")), note),
+                "status": "in_progress",
+            }
+            where = f"thread_id={thread_id} tool_call_id={tool_call_id}"
+            try:
+                await self._call(
+                    "chat.appendStream",
+                    self.client.chat_appendStream,
+                    where,
+                    channel=sent.channel,
+                    ts=ts,
+                    chunks=[chunk],
+                )
+            except _Stop as stop:  # progress is a courtesy: the card's next change wins
+                log.info("progress not shown %s error=%s", where, stop)
 
     async def _slack_thread(self, thread_id: str, info: ThreadInfo | None = None) -> _SlackThread:
         """The thread in Slack. Its place never changes: read from its row once per
@@ -579,21 +673,34 @@ class _Pass:
     """One pass over one thread: show what is pending, in log order, in ``slack``.
     ``sink`` holds the log as the pass knows it and takes the receipts."""
 
-    def __init__(self, delivery: Delivery, slack: _SlackThread, sink: _ToRunner | _ToLog) -> None:
+    def __init__(
+        self,
+        delivery: Delivery,
+        slack: _SlackThread,
+        sink: _ToRunner | _ToLog,
+        *,
+        answer: str = "",
+    ) -> None:
         self.d = delivery
         self.slack = slack
         self.thread_id = slack.thread_id
         self.sink = sink
         self.made = 0
+        # The first words of the open run's answer, being written (bot.answer_stream):
+        # its plan message is started with them; ``answered`` is then its ts.
+        self.answer = answer
+        self.answered = ""
 
     async def run(self) -> int:
         events = self.sink.events
         channel = self.slack.channel
-        look = self._must_look(self.d._pending(events, channel), self.d._planned(events, channel))
+        answering = bool(self.answer)
+        planned = self.d._planned(events, channel, answering=answering)
+        look = self._must_look(self.d._pending(events, channel), planned)
         self.d._handed.pop(self.thread_id, None)  # looked at: what is still due is in todo
         for _ in range(_MAX_STEPS):
             todo = self.d._pending(events, self.slack.channel)
-            plans = self.d._planned(events, self.slack.channel)
+            plans = self.d._planned(events, self.slack.channel, answering=answering)
             starts = [plan for plan, step in plans if step == "start"]
             if not todo and not plans:
                 if not await self.sink.catch_up():  # nothing appended meanwhile: done

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -39,6 +40,7 @@ from bot.health import make_health_app, make_metrics_app
 from bot.hooks import add_hook_route
 from bot.loop_thread import AnswersFirst, LoopThread
 from bot.oauth_callback import add_oauth_callback_route
+from bot.oauth_notice import post_authorization_link
 from bot.oncall import OnCall
 from bot.reviewers import Reviewers
 from bot.slack_metrics import instrument
@@ -58,6 +60,7 @@ from tools.integrations.config import PagerDutyConfig
 from tools.integrations.pagerduty_client import PagerDutyClient
 from tools.loader import close_tools
 from tools.mcp import McpSource
+from tools.mcp.progress import PROGRESS
 from tools.sources import ToolSource
 
 log = logging.getLogger("opsloop.runtime")
@@ -213,11 +216,16 @@ async def _background(
     ``pagerduty``: who is on call, for the ``oncall:`` approvers the cards show.
     ``plans``: how runs' plan messages show (opsloop.yaml's ``slack``)."""
     model = make_model() if make_model is not None else AnthropicModel.from_settings(settings.model)
+    # One session for all of delivery's calls: slack_sdk opens (and closes) a session,
+    # a connection and, on Slack, a TLS handshake per call when it is given none. Made
+    # before the MCP servers connect: a new authorization link goes to their admins.
+    http = aiohttp.ClientSession()
+    client = AsyncWebClient(token=token, base_url=settings.slack.api_url, session=http)
     try:
         # The store first: an MCP server's OAuth keeps its tokens there (tools/mcp/auth.py).
         store = await open_store(settings.database_url, origin=owner)
         for server in mcp_servers(sources):
-            server.keep_oauth_in(store)
+            server.keep_oauth_in(store, partial(post_authorization_link, client))
         try:
             await open_serving(sources, tools)
         except BaseException:
@@ -226,11 +234,8 @@ async def _background(
     except BaseException:
         await _close_model(model)
         await close_tools(modules)
+        await http.close()
         raise
-    # One session for all of delivery's calls: slack_sdk opens (and closes) a session,
-    # a connection and, on Slack, a TLS handshake per call when it is given none.
-    http = aiohttp.ClientSession()
-    client = AsyncWebClient(token=token, base_url=settings.slack.api_url, session=http)
     # Its own lease owner, for threads at rest; while the runner holds a thread, the
     # runner asks delivery to show it and appends the receipts itself.
     delivery = Delivery(
@@ -242,6 +247,7 @@ async def _background(
         on_call=on_call(pagerduty, client, http),
         task_display_mode=(plans or SlackConfig()).task_display_mode,
         rotate_after=(plans or SlackConfig()).stream_rotate_after,
+        progress=PROGRESS,  # an MCP call's progress in its task card's title
     )
     # The thread's loading status and agent session follow what delivery shows, each
     # model call and each thread at rest (so they clear when a run stops).

@@ -3,20 +3,29 @@
 A run's plan message (:mod:`bot.plan_outbox` says which runs have one) is started with
 ``chat.startStream`` carrying the plan so far, and its receipt (``message_posted`` of
 kind ``stream``) is recorded before anything is appended to it. Later passes append
-the task cards that changed since this process sent them (``chat.appendStream``;
-``task_update`` chunks are idempotent by task id, so a process that does not know what
-was sent, after a restart or a takeover, sends them all once). When the run stops, its
-answer is appended as markdown and the stream stopped (``chat.stopStream``, with the
-feedback row after an answer, and metadata naming the run's input); ``stream_stopped``
-records it.
+the task cards that changed since this process sent them (``chat.appendStream``).
+A card's title and status are replaced by each ``task_update`` naming it; what Slack
+does with its ``details`` and ``output`` named again is not clear (some report they are
+appended), so each is sent once (:func:`bot.render.plan.chunks_since`; whatever
+changes later is in the card's title). When the run stops, the rest of its answer is
+appended as markdown and the stream stopped (``chat.stopStream``, with the feedback row
+after an answer, and metadata naming the run's input); ``stream_stopped`` records it.
 
-Streamed text is not idempotent: a process that did not start the answer itself (it
-may be partly there) stops the stream and replaces the message whole
-(``chat.update`` with :func:`bot.render.plan.plan_blocks`). A stream Slack closed
-(``message_not_in_streaming_state``: stopped, expired) is updated in place so, and a
-run that goes on continues in a new segment. So does one about to outlive Slack's
-limit on a stream (``rotate_after``). A stream started but not recorded (a crash
-between Slack's answer and the receipt) is adopted by the pass's look back
+The answer may have been streamed while the model wrote it (:mod:`bot.answer_stream`,
+whose plan message may be started, with the answer's first words, before its receipt
+is in the log). Streamed text is not idempotent: a message whose text is not known to
+be the start of the answer (words that were no answer, a process that did not stream
+it itself, a call whose outcome is unknown) is stopped and replaced whole when the run
+ends (``chat.update`` with :func:`bot.render.plan.plan_blocks`).
+
+A process that takes over an open plan message it did not send to (a restart, a
+takeover) does not know what it shows: it sends every card's title and status again,
+never its details or output (:func:`resync_plan`), and the message is replaced whole
+when the run ends, so it ends as the log says whatever the process before sent. A
+stream Slack closed (``message_not_in_streaming_state``: stopped, expired) is updated in
+place so, and a run that goes on continues in a new segment. So does one about to
+outlive Slack's limit on a stream (``rotate_after``). A stream started but not recorded
+(a crash between Slack's answer and the receipt) is adopted by the pass's look back
 (:func:`adopt`), never started twice.
 
 Where Slack refuses streams in a channel (any refusal of ``chat.startStream``, not a
@@ -35,13 +44,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bot.outbox import is_ours, metadata, shown_event, shown_run
 from bot.plan_outbox import PlanRun
-from bot.render.plan import Run, answer_text, feedback_blocks, plan_blocks, plan_chunks
+from bot.render.plan import (
+    Run,
+    Shown,
+    answer_text,
+    bare,
+    chunks_since,
+    feedback_blocks,
+    note_shown,
+    plan_blocks,
+    plan_chunks,
+)
 from bot.slack_calls import Stop, refusal, surely_not_done
 from engine import events as ev
 from engine import faults
 
 if TYPE_CHECKING:
-    from bot.delivery import _Pass
+    from bot.delivery import Delivery, _Pass
 
 log = logging.getLogger("opsloop.delivery")
 
@@ -55,23 +74,27 @@ Step = Literal["start", "rotate", "resync", "append", "finish"]
 
 @dataclass
 class Sent:
-    """What this process sent to one plan message: each chunk as last sent (by task id;
-    the plan's title under ""), and the answer's text so far (None: not known, as
-    after a call whose outcome is unknown: the message is then replaced whole)."""
+    """What this process sent to one plan message: what its cards show (by task id, the
+    plan's title under "": :data:`bot.render.plan.Shown`), and the answer's text so far
+    (None: not known, as after a call whose outcome is unknown: the message is then
+    replaced whole). ``junk``: the message holds text that is not the answer (words
+    before a tool call, or what a process before this one may have streamed): it is
+    replaced whole when the run ends. ``early``: started with the first words of the
+    answer (:mod:`bot.answer_stream`), before its receipt is in the log: cards may
+    follow the text at once. ``thread_id`` and ``channel``: whose and where it is."""
 
-    chunks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shown: Shown = field(default_factory=dict)
     answer: str | None = ""
+    junk: bool = False
+    early: bool = False
+    thread_id: str = ""
+    channel: str = ""
 
     def note(self, chunks: Sequence[dict[str, Any]]) -> None:
-        for chunk in chunks:
-            self.chunks[_key(chunk)] = chunk
+        note_shown(self.shown, chunks)
 
     def changed(self, chunks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [c for c in chunks if self.chunks.get(_key(c)) != c]
-
-
-def _key(chunk: dict[str, Any]) -> str:
-    return str(chunk.get("id", "")) if chunk.get("type") == "task_update" else ""
+        return chunks_since(self.shown, chunks)
 
 
 class PlanMessages:
@@ -117,16 +140,24 @@ class PlanMessages:
         current = plan.current
         if current is None or not plan.open:
             return "start"  # its first segment, or the next one
-        if current.seq == 0:
+        sent = self.sent.get(current.ts)
+        if current.seq == 0 and (sent is None or not sent.early):
             return None  # handed to the runner: appended to once the log has it
         if plan.run.ended:
             return "finish"
         if (now - current.created_at).total_seconds() >= self.rotate_after:
             return "rotate"
-        sent = self.sent.get(current.ts)
         if sent is None:
             return "resync"
         return "append" if sent.changed(_chunks(plan.run)) else None
+
+    def latest(self, thread_id: str) -> tuple[str, Sent] | None:
+        """The plan message of ``thread_id`` this process sent to last, open as far as
+        it knows (a stopped one is forgotten)."""
+        for ts in reversed(self.sent):
+            if self.sent[ts].thread_id == thread_id:
+                return ts, self.sent[ts]
+        return None
 
 
 def _chunks(run: Run) -> list[dict[str, Any]]:
@@ -185,10 +216,13 @@ def _refusal_of_stream(stop: Stop) -> str | None:
 async def _start(p: _Pass, plan: PlanRun, where: str) -> None:
     d, slack, run = p.d, p.slack, plan.run
     chunks = _chunks(run)
+    # A pass the answer's first words asked for (bot.answer_stream) starts the open
+    # run's plan with them: the answer is not in the log yet.
+    text = p.answer if p.answer and not run.ended else ""
     args: dict[str, Any] = {
         "channel": slack.channel,
         "thread_ts": slack.root_ts,
-        "chunks": chunks,
+        "chunks": [*chunks, {"type": "markdown_text", "text": text}] if text else chunks,
         "task_display_mode": d.plans.display_mode,
     }
     if not slack.channel.startswith("D"):  # in a channel: the person it is for
@@ -207,11 +241,15 @@ async def _start(p: _Pass, plan: PlanRun, where: str) -> None:
         raise
     faults.hit("stream_started")  # crash tests: Slack has it, our log does not yet
     ts = answer["ts"]
-    d.plans.remember(ts, Sent()).note(chunks)
+    channel = answer.get("channel") or slack.channel
+    sent = Sent(answer=text, early=bool(text), thread_id=p.thread_id, channel=channel)
+    d.plans.remember(ts, sent).note(chunks)
+    if text:
+        p.answered = ts
     p.made += 1
     receipt = ev.MessagePosted(
         shows_event_id=run.start.event_id,
-        channel=answer.get("channel") or slack.channel,
+        channel=channel,
         ts=ts,
         kind="stream",
         created_at=d.clock(),
@@ -228,14 +266,12 @@ def _team(run: Run, team: str) -> str:
 
 async def _append(p: _Pass, plan: PlanRun, ts: str, where: str, *, resync: bool) -> None:
     d = p.d
-    chunks = _chunks(plan.run)
     sent = d.plans.sent.get(ts)
     if resync or sent is None:
-        # Not started here (a restart, a takeover): every card again, once. A run not
-        # ended has no answer anywhere yet; an ended one's may be partly there.
-        sent, todo = Sent(answer=None if plan.run.ended else ""), chunks
-    else:
-        todo = sent.changed(chunks)
+        await resync_plan(d, p.slack.channel, plan, ts, where, thread_id=p.thread_id)
+        p.made += 1
+        return
+    todo = sent.changed(_chunks(plan.run))
     if todo:
         faults.hit("stream_appending")  # crash tests: recorded, not appended to yet
         await d._call(
@@ -250,12 +286,43 @@ async def _append(p: _Pass, plan: PlanRun, ts: str, where: str, *, resync: bool)
     d.plans.remember(ts, sent).note(todo)
 
 
+async def resync_plan(
+    d: Delivery, channel: str, plan: PlanRun, ts: str, where: str, *, thread_id: str
+) -> Sent:
+    """Take over the open plan message at ``ts``, whose content this process does not
+    know (a restart, a takeover): every card once more, but only its title and status.
+
+    Its details and output may be there already, and Slack may append what is named
+    again; so they are taken as shown and never sent (a card the process before never
+    sent lacks them until the message is replaced). Text may be there too: an answer
+    the process before streamed, or words that were no answer; an ended run's answer
+    was recorded, so it may be partly there. So the message is replaced whole (stop,
+    ``chat.update`` with :func:`bot.render.plan.plan_blocks`) when the run ends
+    (``junk``, or an answer not known), and ends as the log says."""
+    chunks = _chunks(plan.run)
+    ended = plan.run.ended
+    sent = Sent(answer=None if ended else "", junk=not ended, thread_id=thread_id, channel=channel)
+    faults.hit("stream_appending")  # crash tests: recorded, not appended to yet
+    await d._call(
+        "chat.appendStream",
+        d.client.chat_appendStream,
+        where,
+        channel=channel,
+        ts=ts,
+        chunks=bare(chunks),
+    )
+    sent.note(chunks)  # what it may show
+    return d.plans.remember(ts, sent)
+
+
 def _must_replace(p: _Pass, plan: PlanRun, current: ev.MessagePosted) -> bool:
     """Whether the stopped run's message is replaced whole rather than streamed to the
     end: what of its answer it holds is not known here (or is not the answer's start),
     or it is about to expire."""
     sent = p.d.plans.sent.get(current.ts)
-    if sent is None or sent.answer is None or not answer_text(plan.run).startswith(sent.answer):
+    if sent is None or sent.answer is None or sent.junk:
+        return True
+    if not answer_text(plan.run).startswith(sent.answer):
         return True
     return (p.d.clock() - current.created_at).total_seconds() >= p.d.plans.rotate_after
 
@@ -294,6 +361,7 @@ async def _stop(p: _Pass, plan: PlanRun, ts: str, where: str, *, feedback: bool)
         args["blocks"] = feedback_blocks(p.thread_id, ts)
     await d._call("chat.stopStream", d.client.chat_stopStream, where, **args)
     p.made += 1
+    d.plans.sent.pop(ts, None)  # it takes nothing more
     await p.record([ev.StreamStopped(ts=ts, channel=p.slack.channel, created_at=d.clock())])
 
 

@@ -4,7 +4,10 @@ their chunks checked as Slack checks them, their state, and how they show.
 A stream is JSON-ready data (saved with the workspace): where it is, its display mode
 (``plan`` shows every task together above the text, ``timeline`` in the order they
 came), the plan's title, its tasks by id (a ``task_update`` with a known id updates that
-task in place), the markdown text so far, and ``state``:
+task in place: its title, status and sources are replaced, but its ``details`` and
+``output`` named again are appended to what the task shows, as some report Slack does:
+the stricter of the two readings, so a client that sends them twice is seen to), the
+markdown text so far, and ``state``:
 
 - ``streaming``: open; appends are taken;
 - ``stopped``: ``chat.stopStream`` ended it (its closing ``blocks`` shown at the bottom);
@@ -27,6 +30,7 @@ TASK_STATUSES = ("pending", "in_progress", "complete", "error")
 DISPLAY_MODES = ("plan", "timeline")
 DEFAULT_MODE = "timeline"  # Slack's default task_display_mode
 CHUNK_TYPES = ("markdown_text", "task_update", "plan_update", "blocks")
+APPENDED = ("details", "output")  # a task's fields a task_update adds to, not replaces
 StreamState = Literal["streaming", "stopped", "expired", "stopped_by_user"]
 
 
@@ -167,16 +171,20 @@ def apply_chunks(stream: dict[str, Any], chunks: list[dict[str, Any]]) -> None:
 
 
 def _update_task(stream: dict[str, Any], chunk: dict[str, Any]) -> None:
-    """A new id adds a task; a known one is updated in place: what the chunk names
-    replaces what was there, what it leaves out stays."""
+    """A new id adds a task; a known one is updated in place: the title, status and
+    sources the chunk names replace what was there, its details and output are added
+    to what was there; what it leaves out stays."""
     tasks = stream["tasks"]
     task = tasks.get(chunk["id"])
     if task is None:
         task = tasks[chunk["id"]] = {"id": chunk["id"]}
         stream["parts"].append({"task": chunk["id"]})
-    for key in ("title", "status", "details", "output", "sources"):
+    for key in ("title", "status", "sources"):
         if chunk.get(key) is not None:
             task[key] = chunk[key]
+    for key in APPENDED:
+        if chunk.get(key) is not None:
+            task[key] = task.get(key, "") + chunk[key]
 
 
 def end(stream: dict[str, Any], state: StreamState, at: float) -> None:

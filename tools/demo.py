@@ -2,14 +2,18 @@
 
 Load them with ``OPSLOOP_TOOLS=tools.builtin,tools.demo``. ``deploy`` needs approval and
 writes a ``deployments`` row; ``run_job`` starts a job and makes the thread wait for it;
-``check_health`` fails on its first attempt so the engine retries it. Their state lives
+``check_health`` fails on its first attempt so the engine retries it (or, asked to
+simulate a crash, kills this very process there: a run cut off mid-way, which the
+restarted process resumes, since a health check may simply run again). Their state lives
 in the database at OPSLOOP_DEMO_URL, else DATABASE_URL, else ``sqlite:///opsloop.db``,
 so a restarted process finds the deployments and the running jobs where it left them.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -267,6 +271,10 @@ class CheckHealthArgs(BaseModel):
     service: str = Field(
         min_length=1, max_length=64, pattern=NAME_PATTERN, description="The service, e.g. api."
     )
+    simulate_crash: bool = Field(
+        default=False,
+        description="Demo only: kill opsloop itself during the first attempt. Leave it out.",
+    )
 
 
 @tool(policy="run_now")
@@ -276,6 +284,10 @@ async def check_health(args: CheckHealthArgs, ctx: ToolContext) -> dict:
     The endpoint is slow to wake: the first attempt times out and is retried by the
     engine. Returns the service, its status (healthy) and the attempt that answered.
     """
+    if ctx.attempt == 1 and args.simulate_crash:
+        # A crash, not an exit: no cleanup, no goodbye. The attempt is in the log as
+        # started, so the restarted process runs attempt 2, which answers.
+        _kill_this_process()
     if ctx.attempt == 1:
         raise RetryableToolError("health endpoint timed out")
     return {
@@ -284,3 +296,8 @@ async def check_health(args: CheckHealthArgs, ctx: ToolContext) -> dict:
         "attempt": ctx.attempt,
         "checked_at": _now().isoformat(timespec="seconds"),
     }
+
+
+def _kill_this_process() -> None:
+    """SIGKILL this process (a seam: tests replace it)."""
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -126,10 +126,11 @@ def growing_markdown(text: str) -> str:
     closed yet is closed here), nor half of an entity. Not cut: whether the whole fits
     in Slack's limit is for the whole to say."""
     text = text.lstrip()
-    end = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
-    if end < 0:
+    end = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
+    end = min(end, _open_span(text))
+    if end <= 0:
         return ""
-    words = "".join(s for _, s in safe_segments(text[: end + 1]))
+    words = "".join(s for _, s in safe_segments(text[:end]))
     whole = "".join(s for _, s in safe_segments(text))
     same = 0
     for a, b in zip(words, whole, strict=False):
@@ -139,6 +140,19 @@ def growing_markdown(text: str) -> str:
     settled = words[:same]
     half = _HALF_ENTITY.search(settled)
     return settled[: half.start()] if half else settled
+
+
+def _open_span(text: str) -> int:
+    """Where in ``text`` a code span that later text may close could begin: the first
+    backtick after the last fence that no span closes (``len(text)`` if none)."""
+    at, first = 0, len(text)
+    for kind, part in segments(text):
+        if kind == "fence":
+            first = len(text)  # the prose before a fence is settled
+        elif kind == "text" and "`" in part and first == len(text):
+            first = at + part.index("`")
+        at += len(part)
+    return first
 
 
 def _fit(parts: list[tuple[Kind, str]], room: int) -> str:

@@ -5,7 +5,8 @@ thing a person said, and the tool calls and results after it), so a process that
 restarts mid-thread carries on from the right place. Its phrases walk every path of
 the product: a lookup, an approval, a clarification, a wait, a retry and an answer; with
 local mode's own opsloop.yaml, a deploy through CI (GitHub Actions, waited for), an
-approval only whoever is on call may give (PagerDuty), and an alert's thread.
+approval only whoever is on call may give (PagerDuty), an alert's thread, and a run of
+three steps (one plan) that opsloop itself may be killed in the middle of.
 
 Pure: no I/O here.
 """
@@ -40,6 +41,14 @@ PHRASEBOOK: list[tuple[str, str]] = [
         "the catalog crashes mid-call: a reviewer says whether it happened",
     ),
     ("restart api", "an HTTP action with an idempotency key, after bob or carol approves"),
+    (
+        "look into api",
+        "three read-only steps in one plan (the catalog, a health check, who is on call)",
+    ),
+    (
+        "look into api and simulate a crash",
+        "opsloop is killed during the health check: start it again, the same plan carries on",
+    ),
     (
         "deploy api to staging through CI",
         "dispatches a GitHub Actions workflow after a reviewer approves, waits for its run",
@@ -155,6 +164,13 @@ _SCALE = re.compile(
     _I,
 )
 _RESTART = re.compile(rf"^restart\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?$", _I)
+# "look into api": three read-only calls in one run, then one answer (a plan of three
+# task cards); "… and simulate a crash": the health check kills opsloop on its first try.
+_LOOK_INTO = re.compile(
+    rf"^(?:look\s+into|investigate|triage)\s+(?:the\s+)?(?P<s>{_NAME})(?:\s+service)?"
+    r"(?P<crash>[\s,]+(?:and\s+)?(?:simulate|fake)\s+a\s+crash)?$",
+    _I,
+)
 _NEVER_MIND = re.compile(r"^(?:no|nope|cancel|never\s*mind|stop|abort|forget it)\b", _I)
 DEFAULT_JOB_SECONDS = 10
 # How engine.context answers a call a person said did not happen ("Not run: <@U1> says …").
@@ -246,6 +262,8 @@ def _answered(call: _Call, block: dict[str, Any]) -> _Call:
 
 def _next(reading: _Reading, tools: set[str | None]) -> _Step:
     if reading.calls:
+        if look := _LOOK_INTO.match(_clean(reading.request)):
+            return _look_into(look, reading.calls, tools)
         return _follow_up(reading.request, reading.calls[-1], tools)
     step = _start(reading.request, tools)
     if reading.unreported is None or not _came_back(reading.unreported[1]):
@@ -336,6 +354,8 @@ def _start(request: str, tools: set[str | None]) -> _Step:
     text = _clean(request)
     if not text or _HELP.match(text):
         return _Step(help_text())
+    if look := _LOOK_INTO.match(text):
+        return _look_into(look, (), tools)
     if m := _LOOKUP.match(text):
         query = m["query"].strip(" ?\"'“”")
         text = f"Searching the docs for “{_echo(query)}”."
@@ -356,7 +376,13 @@ def _start(request: str, tools: set[str | None]) -> _Step:
             return _use(tools, "check_health", {"service": service}, f"Checking {_echo(service)}.")
     if (catalog := _catalog_step(text, tools)) is not None:
         return catalog
-    return _Step(f"I didn't catch “{_cut(text, 80)}”.\n" + help_text(), understood=False)
+    # The phrases without what each does (`help` says): a short answer to a typo.
+    known = ", ".join(f"`{phrase}`" for phrase, _ in PHRASEBOOK)
+    return _Step(
+        f"I didn't catch “{_cut(text, 80)}”. I know these phrases (`help` says what each "
+        f"does): {known}.",
+        understood=False,
+    )
 
 
 def _catalog_step(text: str, tools: set[str | None]) -> _Step | None:
@@ -600,6 +626,11 @@ def _health_summary(call: _Call) -> str:
         if isinstance(attempt, int) and attempt > 1
         else ""
     )
+    if retried and call.input.get("simulate_crash"):
+        retried = (
+            f" (answered on attempt {attempt}: opsloop was killed during the first, and ran"
+            " the check again once it was back)"
+        )
     return f"{_echo(str(out.get('service', service)))} is {status}{retried}."
 
 
@@ -684,6 +715,34 @@ def _restart_summary(call: _Call) -> str:
         return f"Restarted {service}: {_cut(call.result, 300)}"
     again = " (the platform had already done it for this call)" if out.get("repeat") else ""
     return f"Restarted {service} through the platform API (restart #{out['restart']}){again}."
+
+
+def _look_into(m: re.Match[str], calls: tuple[_Call, ...], tools: set[str | None]) -> _Step:
+    """The next of three read-only calls about one service, then what they found."""
+    service = m["s"].lower()
+    health: dict[str, Any] = {"service": service}
+    checking = "Now its health check."
+    if m["crash"]:
+        health["simulate_crash"] = True
+        checking += " opsloop will be killed during it: start it again and this plan carries on."
+    steps: list[tuple[str, dict[str, Any], str]] = [
+        (GET_SERVICE, {"service": service}, f"Looking into {_echo(service)}: the catalog first."),
+        ("check_health", health, checking),
+        (ONCALL, {}, "And who is on call."),
+    ]
+    if calls and calls[-1].result is None:
+        return _Step(f"Still waiting for `{calls[-1].name}` to finish.")
+    if len(calls) < len(steps):
+        return _use(tools, *steps[len(calls)])
+    found = [_health_summary(c) if c.name == "check_health" else _summary(c) for c in calls]
+    return _Step("\n".join([f"What I found about {_echo(service)}:", *found]))
+
+
+def _summary(call: _Call) -> str:
+    summarise = SUMMARIES.get(call.name)
+    if summarise is not None:
+        return summarise(call)
+    return f"`{call.name}` returned: {_cut(call.result, 300)}"
 
 
 # --- GitHub Actions and PagerDuty (local mode's own opsloop.yaml) ------------------------

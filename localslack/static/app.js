@@ -39,7 +39,9 @@
 //                            error; task-title, task-details, task-output, task-source (a
 //                            link per source)
 //   feedback-button          👍 / 👎 under an answer: data-action-id, data-block-id,
-//                            data-value = positive | negative
+//                            data-value = positive | negative; aria-pressed="true" on
+//                            the one you clicked (remembered by this page, as Slack's
+//                            client shows your choice)
 //   agent-bar                under the thread's messages: agent-status (the loading status,
 //                            "opsloop is thinking…", data-status; agent-loading-message
 //                            cycles through its loading messages) and agent-session
@@ -109,7 +111,11 @@ async function api(method, path, body) {
   } catch {
     data = null;
   }
-  if (!response.ok) throw new Error((data && data.error) || `HTTP ${response.status}`);
+  if (!response.ok) {
+    const err = new Error((data && data.error) || `HTTP ${response.status}`);
+    err.status = response.status; // the server answered: not a lost connection
+    throw err;
+  }
   return data;
 }
 
@@ -142,6 +148,7 @@ const state = {
   traceResults: new Set(), // seqs of tool results whose output is shown
   traceDeliveries: false, // message_posted rows shown
   prompts: new Map(), // seq -> replay answer, while shown
+  feedback: new Map(), // feedbackKey -> "positive" | "negative": the 👍 / 👎 clicked
   modal: null,
   source: null,
   boot: null,
@@ -232,7 +239,9 @@ async function loadThread() {
   try {
     data = await api("GET", `/ui/channels/${encodeURIComponent(channel)}/threads/${encodeURIComponent(ts)}?${q({ user: state.me })}`);
   } catch (err) {
-    closeThread();
+    // Refused (no such thread, not yours to see): close it. Unreachable (a restart, a
+    // crash): keep it open; the page reconnects and looks again.
+    if (err.status) closeThread();
     throw err;
   }
   if (channel !== state.channel || ts !== state.thread) return;
@@ -449,7 +458,8 @@ function messageNode(message, channelId, inThread) {
   const richOnly = blocks.every((b) => b && b.type === "rich_text");
   if (blocks.length && !richOnly) {
     const onButton = message.ephemeral ? undefined : (item, blockId, button, value) => press(message, channelId, item, blockId, button, value);
-    content.appendChild(renderBlocks(blocks, renderContext({ onButton })));
+    const feedbackChosen = (blockId) => state.feedback.get(feedbackKey(channelId, message.ts, blockId));
+    content.appendChild(renderBlocks(blocks, renderContext({ onButton, feedbackChosen })));
   } else {
     content.appendChild(renderMrkdwn(message.text || "", renderContext()));
   }
@@ -499,11 +509,26 @@ async function press(message, channelId, item, blockId, button, value) {
       ...(value ? { value } : {}),
     });
     if (!result.ok) toast(result.error || "The app did not take the click.");
+    else if (value) showFeedback(feedbackKey(channelId, message.ts, blockId), button, value);
   } catch (err) {
     toast(err.message);
   } finally {
     button.disabled = false;
     button.classList.remove("busy");
+  }
+}
+
+// A 👍 / 👎 choice is the clicker's: kept per user, message and row.
+function feedbackKey(channelId, ts, blockId) {
+  return `${state.me}|${channelId}|${ts}|${blockId}`;
+}
+
+function showFeedback(key, button, value) {
+  state.feedback.set(key, value);
+  for (const other of button.parentElement?.querySelectorAll('[data-testid="feedback-button"]') ?? []) {
+    const chosen = other.dataset.value === value;
+    other.ariaPressed = String(chosen);
+    other.classList.toggle("bk-feedback-chosen", chosen);
   }
 }
 

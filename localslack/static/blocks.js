@@ -8,8 +8,10 @@
 //
 // Buttons carry data-testid="block-button", data-action-id, data-block-id and
 // data-style; ctx.onButton(button, blockId, node) is called when one is clicked. The two
-// feedback buttons carry data-testid="feedback-button" and data-value = positive |
-// negative; ctx.onButton(element, blockId, node, value) is called for them.
+// feedback buttons carry data-testid="feedback-button", data-value = positive |
+// negative and aria-pressed (the one ctx.feedbackChosen(blockId) names is pressed);
+// ctx.onButton(element, blockId, node, value) is called for them. As in Slack, they show
+// as 👍 / 👎, their text as the tooltip.
 
 import { link, renderMarkdown } from "./markdown.js";
 import { renderMrkdwn, unescapeSlack } from "./mrkdwn.js";
@@ -279,15 +281,19 @@ function taskCard(task, ctx) {
 
 function feedbackButtons(item, ctx, blockId) {
   const pair = el("span", "bk-feedback");
-  for (const [value, spec, fallback] of [
+  const chosen = ctx.feedbackChosen ? ctx.feedbackChosen(blockId) : null;
+  for (const [value, spec, icon] of [
     ["positive", item.positive_button, "👍"],
     ["negative", item.negative_button, "👎"],
   ]) {
     if (!spec) continue;
-    const button = el("button", "bk-feedback-button");
+    const button = el("button", "bk-feedback-button", icon);
     button.type = "button";
-    button.appendChild(spec.text ? textObject(spec.text, ctx) : document.createTextNode(fallback));
-    if (spec.accessibility_label) button.title = spec.accessibility_label;
+    const words = unescapeSlack((spec.text && spec.text.text) || "");
+    if (words) button.title = words;
+    button.ariaLabel = spec.accessibility_label || words || icon;
+    button.ariaPressed = String(chosen === value);
+    if (chosen === value) button.classList.add("bk-feedback-chosen");
     button.dataset.testid = "feedback-button";
     button.dataset.actionId = item.action_id || "";
     button.dataset.blockId = blockId;

@@ -3,10 +3,12 @@
 // as HTML. Slack's escaping (&amp; &lt; &gt;) is undone on the text, as for mrkdwn.
 //
 // Recognised: ``` fences ```, # headings, - / * / 1. list items, > quotes, paragraphs
-// (blank lines), and inline `code`, **bold** / __bold__, *italic* / _italic_, ~~strike~~,
-// [text](url) and bare http(s) links (web links only: any other URL stays text).
+// (blank lines), and inline `code`, Slack's mention tokens (<@U…>, <#C…>, <!here>, as
+// in mrkdwn: the app writes "Stopped by <@U…>"), **bold** / __bold__, *italic* /
+// _italic_, ~~strike~~, [text](url) and bare http(s) links (web links only: any other URL
+// stays text).
 
-import { unescapeSlack } from "./mrkdwn.js";
+import { token, unescapeSlack } from "./mrkdwn.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -69,6 +71,7 @@ const INLINE = new RegExp(
     /(?<!\w)_([^_\s](?:[^_\n]*[^_\s])?)_(?!\w)/.source, // 6 italic
     /\[([^\]\n]+)\]\(([^)\s]+)\)/.source, // 7 text, 8 url
     /(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/.source, // 9 a bare link
+    /<([@#!][^<>\n]+)>/.source, // 10 a mention token
   ].join("|"),
 );
 
@@ -92,6 +95,7 @@ function inlineNode(m, ctx) {
   if (m[4] !== undefined) return wrap("s", "md-s", m[4]);
   if (m[5] !== undefined || m[6] !== undefined) return wrap("em", "md-em", m[5] ?? m[6]);
   if (m[7] !== undefined) return link(unescapeSlack(m[7]), unescapeSlack(m[8]), ctx);
+  if (m[10] !== undefined) return token(m[10], ctx);
   return link(m[9], m[9], ctx);
 }
 

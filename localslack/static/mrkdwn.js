@@ -121,7 +121,7 @@ function appendText(parent, text, atoms) {
 }
 
 /** One <…> token as a node, or null when it is not one (then it shows as written). */
-function token(inner, ctx) {
+export function token(inner, ctx) {
   const [target, ...labelParts] = inner.split("|");
   const label = labelParts.length ? unescapeSlack(labelParts.join("|")) : "";
   if (target.startsWith("@")) {

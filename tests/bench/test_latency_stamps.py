@@ -24,6 +24,7 @@ from tests.fakes.slack import TOKEN
 
 CHANNEL = "C0LATTEST"
 ROOT = "1700000000.000100"
+PARAMS: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 100}
 TASK = {"type": "task_update", "id": "call-1", "title": "Bench deploy", "status": "pending"}
 
 
@@ -55,9 +56,9 @@ async def test_posts_streams_and_the_loading_status_are_stamped_with_their_threa
         )
         ts = started["ts"]
         await client.chat_appendStream(
-            channel=CHANNEL, ts=ts, chunks=[{"type": "markdown_text", "text": "Do"}]
+            channel=CHANNEL, ts=ts, chunks=[{"type": "markdown_text", "text": ANSWER[:2]}]
         )
-        await client.chat_appendStream(channel=CHANNEL, ts=ts, markdown_text="ne.")
+        await client.chat_appendStream(channel=CHANNEL, ts=ts, markdown_text=ANSWER[2:])
         await client.chat_stopStream(channel=CHANNEL, ts=ts)
         await client.chat_update(channel=CHANNEL, ts=ts, text="the whole plan")
         # Refused (a stream already stopped takes nothing): not stamped.
@@ -71,10 +72,14 @@ async def test_posts_streams_and_the_loading_status_are_stamped_with_their_threa
     ]  # fmt: skip
     assert all(s.thread_ts == ROOT and s.channel == CHANNEL for s in stamps)
     assert stamps[0].text == "is thinking…"
-    assert [s.answer for s in stamps[2:5]] == ["", "Do", "ne."]  # task cards are no answer
+    assert [s.answer for s in stamps[2:5]] == [
+        "",
+        ANSWER[:2],
+        ANSWER[2:],
+    ]  # task cards are no answer
     assert stamps[5].text == ANSWER  # a stream's text so far
     assert [s.ts for s in stamps[2:]] == [ts] * 5
-    assert shown_in(stamps[5], ROOT, "Done.") and not shown_in(stamps[1], ROOT, "Done.")
+    assert shown_in(stamps[5], ROOT, ANSWER) and not shown_in(stamps[1], ROOT, ANSWER)
     assert stamps == sorted(stamps, key=lambda s: s.t)
 
 
@@ -98,11 +103,11 @@ async def test_the_streamed_final_answer_stamps_its_first_token_with_the_thread_
         claude.text_started = FirstTokens(records)
         client = AsyncAnthropic(api_key=FAKE_API_KEY, base_url=claude.url, max_retries=0)
         used = ["bench_deploy", "request_clarification", "bench_wait"]
-        params: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 100}
-        async with client.messages.stream(messages=conversation("sq0", used), **params) as stream:
+        answer: dict[str, Any] = {"messages": conversation("sq0", used), **PARAMS}
+        async with client.messages.stream(**answer) as stream:
             text = await stream.get_final_text()
         # A reply that is not streamed has no first token to stamp.
-        await client.messages.create(messages=conversation("sq1", used[:1]), **params)
+        await client.messages.create(**{"messages": conversation("sq1", used[:1]), **PARAMS})
         await client.close()
     assert text == ANSWER
     model, token, other = records.stamps()

@@ -3,9 +3,11 @@ question"): the question is posted with its buttons; Answer opens the modal buil
 the requested schema; a submission that does not fit it is refused under its inputs and
 stores nothing; a good one is stored once (Slack resends it) and the call goes on with
 it, the server receiving the content; Decline reaches the server as a decline; only the
-requester may answer. Real SDK servers over stdio (2026-07-28: ``InputRequiredResult``)
-and streamable HTTP (handshake era: ``elicitation/create`` in the session); signed
-requests through the Bolt app; SQLite and PostgreSQL."""
+requester may answer. The run's plan message comes first, its task card saying to look
+at the question below it (a stream cannot hold the question's buttons). Real SDK
+servers over stdio (2026-07-28: ``InputRequiredResult``) and streamable HTTP (handshake
+era: ``elicitation/create`` in the session); signed requests through the Bolt app;
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from bot.delivery import Delivery
 from bot.limits import check_limits
 from bot.outbox import shown_event
 from bot.render.elicitation import ANSWER_ACTION, DECLINE_ACTION, FORM_CALLBACK
+from bot.render.tasks import WAITING_FOR_ANSWER
 from engine import events as ev
 from engine.config_file import PolicyRule
 from engine.events import utcnow
@@ -83,7 +86,6 @@ class Thread:
             owner="proc",
             retry_base=None,
             clock=self.clock,
-            live_plan=False,  # the question as a line of its own, with its buttons
         )
         self.tid = ""
 
@@ -98,6 +100,14 @@ class Thread:
         types = {e.event_id: e.type for e in await self.events()}
         posts = [m for m in self.slack.posted(CHANNEL) if shown_event(m, self.tid)]
         [asked] = [m for m in posts if types.get(shown_event(m, self.tid) or "") == "wait_started"]
+        # The run's plan message, above the question, says to look there.
+        [plan] = [m for m in self.slack.posted(CHANNEL) if self.slack.stream(CHANNEL, m["ts"])]
+        stream = self.slack.stream(CHANNEL, plan["ts"])
+        assert stream is not None and stream["state"] == "stopped"
+        [card] = stream["tasks"].values()
+        assert card["title"].endswith(WAITING_FOR_ANSWER) and card["status"] == "in_progress"
+        assert float(plan["ts"]) < float(asked["ts"])
+        assert "Which deploy?" not in json.dumps(plan["blocks"])  # asked once, below
         return asked
 
     async def go_on(self) -> ev.ToolResult:

@@ -1,8 +1,9 @@
 """`opsloop serve` SIGKILLed at each point of a run's plan message, on SQLite and
 PostgreSQL: after Slack started the stream and before its receipt, after the receipt and
-before the first append, and with the answer partly streamed. The next process ends
-with exactly one plan message, whose task cards are what the log says and whose
-answer is there once."""
+before the first append, and mid-answer (the answer partly streamed while the model
+was writing it: the model call is made again). The next process ends with exactly one
+plan message, whose task cards are what the log says and whose answer is there once
+(the interrupted text replaced, not appended after)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from engine import events as ev
 from engine.store import open_store
 from tests.bot.test_cli import KEY, _post, fakes_in_a_thread
 from tests.bot.test_serve_crash import serve
+from tests.fakes.anthropic import Reply
 from tests.fakes.slack import FakeSlack
 
 pytestmark = pytest.mark.slow
 
 # Two calls of a run_now tool (two task cards), then an answer long enough to be
-# streamed in several pieces (bot.stream.ANSWER_PIECE).
+# streamed in several pieces (bot.stream.ANSWER_PIECE), written over seconds (the fake
+# writes 3 characters a delta): streamed while the model writes it.
 ANSWER = " ".join(f"Finding {i} is documented." for i in range(120))
+SLOW_ANSWER = Reply(content=[{"type": "text", "text": ANSWER}], gap=0.003)
 
 
 async def _events(db: str, thread_id: str) -> list[ev.AnyEvent]:
@@ -55,7 +59,8 @@ def test_a_kill_at_each_point_of_a_plan_message_leaves_exactly_one(
     with fakes_in_a_thread() as (claude, slack):
         claude.tool_use("search_docs", {"query": "deploy"}, text="Looking.")
         claude.tool_use("search_docs", {"query": "rollback"}, text="And rollbacks.")
-        claude.text(ANSWER)
+        claude.reply(SLOW_ANSWER)
+        claude.responder = lambda _body: Reply.text(ANSWER)  # a call the kill cut, again
         slack.add_message(KEY.channel, "what do the docs say?", user="U1", ts=KEY.root_ts)
         thread_id = asyncio.run(_post(db_url, "what do the docs say?"))
 
@@ -82,7 +87,7 @@ def test_a_kill_at_each_point_of_a_plan_message_leaves_exactly_one(
             if second.poll() is None:
                 second.kill()
                 second.communicate()
-        claude.assert_clean()  # the model was asked once per step
+        claude.assert_clean()  # every scripted reply was used, nothing refused
         events = asyncio.run(_events(db_url, thread_id))
         _exactly_one_plan_message_as_the_log_says(slack, events)
 
@@ -97,9 +102,10 @@ def _dead_at(point: str, slack: FakeSlack, events: list[ev.AnyEvent]) -> None:
         assert recorded == [] and appends == []
     elif point == "stream_appending":  # in the log, nothing appended yet
         assert len(recorded) == 1 and appends == []
-    else:  # the answer's first piece streamed, the rest not
+    else:  # the answer's first piece streamed while the model wrote it, the rest not
         assert len(recorded) == 1 and len(texts) == 1 and ANSWER.startswith(texts[0])
         assert len(texts[0]) < len(ANSWER)
+        assert not any(isinstance(e, ev.FinalAnswer) for e in events)
 
 
 def _exactly_one_plan_message_as_the_log_says(slack: FakeSlack, events: list[ev.AnyEvent]) -> None:

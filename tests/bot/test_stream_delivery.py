@@ -69,7 +69,8 @@ class CheckingSlack(FakeSlack):
 
 @pytest.fixture
 async def slack(store: Store) -> AsyncIterator[CheckingSlack]:
-    async with CheckingSlack() as server:
+    server = CheckingSlack()
+    async with server:
         server.store = store
         yield server
     assert server.unrecorded == [], "appended to a stream before its receipt was in the log"
@@ -419,7 +420,7 @@ async def run_until_stuck(store: Store, model: Stuck, front_door: Delivery, tid:
         await task
 
 
-async def test_after_a_restart_an_open_stream_gets_every_card_again_then_the_rest(store, slack):
+async def test_after_a_restart_an_open_stream_gets_every_card_again_then_is_replaced(store, slack):
     tid = await open_thread(store, slack)
     first = delivery_for(store, slack)
     # The first process shows the run up to its second tool, then dies thinking.
@@ -432,17 +433,38 @@ async def test_after_a_restart_an_open_stream_gets_every_card_again_then_the_res
     assert await again.show(tid, events, reduce(events)) == []  # appended to, not started
     resync = slack.calls_to("chat.appendStream")[appends:]
     assert len(resync) == 1
-    ids = {c["id"] for c in params(resync[0])["chunks"] if c["type"] == "task_update"}
-    assert ids == set(expected_tasks(events))  # every card, once
-    # The run goes on; its answer is streamed into the same message (none of it was
-    # anywhere: the run had not ended when the first process died).
-    await runner(store, [call("lookup", name="db"), call("lookup", name="cache"), say("ok")]).run(
-        tid
-    )
+    chunks = [c for c in params(resync[0])["chunks"] if c["type"] == "task_update"]
+    assert {c["id"] for c in chunks} == set(expected_tasks(events))  # every card, once
+    # Its details and output may be there already: never named again.
+    assert all(c.keys() == {"type", "id", "title", "status"} for c in chunks)
+    # The run goes on. What the message holds besides its cards is not known (the model
+    # call in flight may have streamed words): it is replaced in place at the end.
+    script = [call("lookup", name="db"), call("lookup", name="cache"), say("ok")]
+    await runner(store, script).run(tid)
     await again.deliver(tid)
     [plan] = plan_messages(slack)
-    assert slack.workspace.stream(CHANNEL, plan["ts"])["text"] == "ok"
-    assert [c for c in slack.calls_to("chat.update") if c.params["ts"] == plan["ts"]] == []
+    events = await log_of(store, tid)
+    assert [c for c in slack.calls_to("chat.update") if c.params["ts"] == plan["ts"]]
+    markdown = [b["text"] for b in plan["blocks"] if b.get("type") == "markdown"]
+    assert markdown == ["ok"]
+    [block] = [b for b in plan["blocks"] if b.get("type") == "plan"]
+    assert {t["task_id"]: (t["title"], t["status"]) for t in block["tasks"]} == (
+        expected_tasks(events)
+    )
+    assert any(b.get("type") == "context_actions" for b in plan["blocks"])  # the feedback row
+    assert len(stream_receipts(events)) == 1 and [s.ts for s in stops(events)] == [plan["ts"]]
+    # No card in Slack's record says anything twice.
+    for task in tasks_of(slack, plan["ts"]).values():
+        assert_said_once(task)
+
+
+def assert_said_once(task: dict[str, Any]) -> None:
+    """A task's details and output as the fake shows them (it appends what is named
+    again): each line once."""
+    for key in ("details", "output"):
+        text = task.get(key, "")
+        lines = [line for line in text.split("\n") if line]
+        assert len(lines) == len(set(lines)), (key, text)
 
 
 async def test_an_answer_cut_by_a_crash_is_replaced_not_appended_after(store, slack, monkeypatch):

@@ -1,13 +1,11 @@
 """The local workspace in a real browser: what a newcomer does after ``make run``.
 
 ``opsloop local`` runs as a real process (offline phrasebook model, demo tools, SQLite)
-and headless Chromium (Debian's ``chromium``, driven by Playwright) clicks through the
-page as alice, who asks, and bob and carol, who review: a deploy, a rejection, a
-clarification, a job, the quorum of two for production, the reconcile card of a call
-the catalog MCP server crashed in the middle of, a deploy through the local GitHub's CI
-that only the on-call user may approve, and the "Fire an alert" button. Skipped where no
-browser is installed, except in CI, where ``.ci/run`` installs it and a missing browser
-is a failure.
+and headless Chromium (Debian's ``chromium``, driven by Playwright: conftest.py) clicks
+through the page as alice, who asks, and bob and carol, who review: a deploy, a
+rejection, a clarification, a job, the quorum of two for production, the reconcile card
+of a call the catalog MCP server crashed in the middle of, a deploy through the local
+GitHub's CI that only the on-call user may approve, and the "Fire an alert" button.
 
 ``OPSLOOP_SCREENSHOT_DIR=docs`` writes the README's screenshot there
 (``docs/local-approval.png``); otherwise it goes to the test's temporary folder.
@@ -17,9 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,68 +24,17 @@ from bot.render.approval import APPROVE_ACTION, EDIT_ACTION, GRANT_ACTION, REJEC
 from bot.render.edit import APPROVE_BLOCK
 from bot.render.grants import SCOPE_BLOCK
 from bot.render.reconcile import HAPPENED_ACTION
-from tests.bot.test_cli import _free_port
-from tests.bot.test_local_cli import Running, local_env, opsloop_local
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("OPSLOOP_CHROMIUM", "/usr/bin/chromium")
 ALICE, BOB, CAROL = "U0ALICE", "U0BOB", "U0CAROL"
-OPS = "C0OPS"
-WAIT_MS = 30_000
-
-
-def _browser_or_skip() -> str:
-    if Path(CHROMIUM).exists() or shutil.which(CHROMIUM):
-        return CHROMIUM
-    reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    path = _browser_or_skip()
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[Running]:
-    env = local_env(tmp_path, _free_port(), OPSLOOP_SWEEP_SECONDS="1")
-    with opsloop_local(tmp_path, env) as running:
-        line = running.first_line()
-        found = re.search(r"http://\S+", line)
-        assert found, line
-        running.url = found.group(0)
-        yield running
-        assert running.stop() == 0, running.stderr()[-3000:]
-
-
-@pytest.fixture
-def page(browser, local: Running) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1400, "height": 860})  # type: ignore[attr-defined]
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    page.goto(f"{local.url}#/{OPS}")
-    page.get_by_test_id("connection-status").and_(page.locator("[data-state=live]")).wait_for()
-    try:
-        yield page
-    finally:
-        context.close()
 
 
 def be(page, user: str) -> None:
     page.get_by_test_id("user-switcher").select_option(user)
 
 
-def ask(page, text: str) -> object:
+def ask(page, text: str) -> Any:
     """alice writes ``text`` to the bot in #ops; returns the thread pane once the bot
     has answered in the thread."""
     be(page, ALICE)
@@ -101,7 +47,7 @@ def ask(page, text: str) -> object:
     return pane
 
 
-def button(pane, action_id: str) -> object:
+def button(pane, action_id: str) -> Any:
     return pane.locator(f'[data-testid="block-button"][data-action-id="{action_id}"]').last
 
 

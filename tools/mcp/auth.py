@@ -14,7 +14,9 @@ opsloop's is where their state lives and how a person takes part:
   (its ``state``, PKCE verifier and link, kept in the row), logs one line naming the
   server and saying that ``opsloop doctor`` shows the link to an admin, and fails as
   :class:`AuthorizationPending` (the server is down, retried in the background). The
-  admin opens the link; the authorization server sends the browser to
+  admin opens the link (serve also posts it privately to the server's ``admins``,
+  through ``on_authorization_needed``: :class:`Announcing`); the authorization server
+  sends the browser to
   ``redirect_url``, serve's ``GET /oauth/callback`` (bot/oauth_callback.py), which keeps
   the ``code`` for the waiting ``state``; the next connect, on whatever replica, takes
   it once and exchanges it. Later tries reuse the link while it stands, so the link an
@@ -31,7 +33,7 @@ import json
 import logging
 import secrets
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -60,6 +62,9 @@ PENDING_TTL = timedelta(days=1)
 _GRANTS = ["authorization_code", "refresh_token"]
 _OAUTH_ERRORS = (OAuthFlowError, OAuthTokenError, OAuthRegistrationError)
 PENDING = "an admin must authorize opsloop first (`opsloop doctor` shows the link)"
+# What a serving process does with a new link an admin must open (bot/oauth_notice.py
+# posts it to them): (server, link, until when it is used, the server's ``admins``).
+AuthorizationNeeded = Callable[[str, str, datetime, Sequence[str]], Awaitable[None]]
 _COLUMNS = (
     "server binding tokens expires_at client_info pending_state pending_verifier "
     "pending_url pending_since code iss updated_at"
@@ -103,7 +108,10 @@ def binding(server: McpServerConfig) -> str:
     auth = server.auth
     assert auth is not None
     # Defaults left out: a field a later release adds does not void every stored token.
-    kept = auth.model_dump(exclude={"client_secret", "private_key"}, exclude_defaults=True)
+    # Whom a link is posted to says nothing of what the credentials are for.
+    kept = auth.model_dump(
+        exclude={"client_secret", "private_key", "admins"}, exclude_defaults=True
+    )
     facts = [server.url, *kept.items()]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
@@ -266,6 +274,70 @@ class ReadingRecords(MemoryRecords):
 
     async def delete_mcp_oauth(self, server: str) -> None:
         self.rows.pop(server, None)
+
+
+@dataclass
+class Announcing:
+    """``records`` (:class:`OAuthRecords`) that tell ``on_needed`` of each new link
+    they record, once it is stored (an admin who opens it at once finds it waiting).
+    A link reused by later tries is not told again; one another replica replaced
+    meanwhile is that replica's to tell. Whatever ``on_needed`` does, the connect goes
+    on as it would have: the link stays on ``opsloop doctor``."""
+
+    records: OAuthRecords
+    admins: tuple[str, ...]
+    on_needed: AuthorizationNeeded
+
+    async def select_mcp_oauth(self, server: str) -> McpOAuthRecord | None:
+        return await self.records.select_mcp_oauth(server)
+
+    async def upsert_mcp_tokens(
+        self,
+        server: str,
+        binding: str,
+        tokens: str | None,
+        expires_at: datetime | None,
+        now: datetime,
+    ) -> None:
+        await self.records.upsert_mcp_tokens(server, binding, tokens, expires_at, now)
+
+    async def upsert_mcp_client(
+        self, server: str, binding: str, client_info: str, now: datetime
+    ) -> None:
+        await self.records.upsert_mcp_client(server, binding, client_info, now)
+
+    async def upsert_mcp_pending(
+        self, server: str, binding: str, state: str, verifier: str, url: str, now: datetime
+    ) -> None:
+        await self.records.upsert_mcp_pending(server, binding, state, verifier, url, now)
+        row = await self.records.select_mcp_oauth(server)
+        if row is None or row.pending_state != state:
+            return
+        try:
+            await self.on_needed(server, url, now + PENDING_TTL, self.admins)
+        except Exception as exc:  # a notice never fails the connect; no text: it may hold the link
+            log.warning(
+                "mcp authorization link not posted server=%s error=%s: `opsloop doctor` shows it",
+                server,
+                type(exc).__name__,
+            )
+
+    async def take_mcp_code(self, server: str, state: str, now: datetime) -> TakenCode | None:
+        return await self.records.take_mcp_code(server, state, now)
+
+    async def delete_mcp_oauth(self, server: str) -> None:
+        await self.records.delete_mcp_oauth(server)
+
+
+def announcing(
+    records: OAuthRecords, server: McpServerConfig, on_needed: AuthorizationNeeded | None
+) -> OAuthRecords:
+    """``records``, telling ``on_needed`` of each new link when ``server`` names admins
+    to post it to (``auth: {type: authorization_code, admins: [...]}``)."""
+    auth = server.auth
+    if on_needed is None or auth is None or auth.type != "authorization_code" or not auth.admins:
+        return records
+    return Announcing(records, tuple(dict.fromkeys(auth.admins)), on_needed)
 
 
 async def pending_link(records: OAuthRecords, name: str, server: McpServerConfig) -> str | None:

@@ -59,6 +59,20 @@ ServerName = Annotated[str, AfterValidator(server_name)]
 # Where serve receives an authorization's redirect (bot/oauth_callback.py): the path a
 # ``redirect_url`` must reach.
 CALLBACK_PATH = "/oauth/callback"
+# Whom a new authorization link is posted to (bot/oauth_notice.py): people, each in
+# their DM with the app, so user ids only (a user group has no DM).
+_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
+
+
+def _admin(value: str) -> str:
+    if not _USER_ID.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a Slack user id (U…, W…): the link is sent privately to each admin"
+        )
+    return value
+
+
+Admin = Annotated[str, AfterValidator(_admin)]
 
 
 def _http_url(value: str | None, key: str) -> None:
@@ -77,9 +91,10 @@ class McpAuth(StrictModel):
     server sends them back to ``redirect_url``, which must reach serve's
     ``GET /oauth/callback``; with ``client_id`` (and ``client_secret``) the client is
     pre-registered, without it opsloop registers itself (dynamic registration, or
-    ``client_metadata_url`` where the server takes one). ``issuer`` names the
-    authorization server the credentials belong to: they are then never sent to another
-    one the MCP server points at.
+    ``client_metadata_url`` where the server takes one). ``admins`` (Slack user ids,
+    ``authorization_code`` only): each new link is also posted to them privately. ``issuer``
+    names the authorization server the credentials belong to: they are then never sent
+    to another one the MCP server points at.
     """
 
     type: Literal["client_credentials", "authorization_code"]
@@ -94,6 +109,7 @@ class McpAuth(StrictModel):
     ) = None
     redirect_url: str | None = None
     client_metadata_url: str | None = None
+    admins: list[Admin] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _complete(self) -> McpAuth:
@@ -123,6 +139,10 @@ class McpAuth(StrictModel):
                 )
             if self.redirect_url is not None or self.client_metadata_url is not None:
                 raise ValueError("redirect_url and client_metadata_url go with authorization_code")
+            if self.admins:
+                raise KeyProblem(
+                    ("admins",), "goes with authorization_code (client_credentials needs no one)"
+                )
         elif self.redirect_url is None:
             raise ValueError(
                 f"authorization_code needs redirect_url (serve's {CALLBACK_PATH} as the "
@@ -185,7 +205,7 @@ class McpServerConfig(StrictModel):
             self.command or "",
             *(
                 self.auth.model_dump(
-                    exclude={"client_secret", "private_key"}, exclude_none=True
+                    exclude={"client_secret", "private_key", "admins"}, exclude_none=True
                 ).values()
                 if self.auth is not None
                 else ()

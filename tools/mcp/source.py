@@ -53,7 +53,7 @@ from tools.mcp.asking import (
     send_call,
     wait_for,
 )
-from tools.mcp.auth import OAuthRecords
+from tools.mcp.auth import AuthorizationNeeded, OAuthRecords, announcing
 from tools.mcp.config import CONNECT_TIMEOUT_S, McpServerConfig, registered_name, server_name
 from tools.mcp.connection import Asking, McpConnection, QuestionGone
 from tools.mcp.elicitation import Question, answer_of, question_of
@@ -169,10 +169,14 @@ class McpSource:
             await self._keeper.stop()
         await self._conn.close()
 
-    def keep_oauth_in(self, records: OAuthRecords) -> None:
+    def keep_oauth_in(
+        self, records: OAuthRecords, on_authorization_needed: AuthorizationNeeded | None = None
+    ) -> None:
         """Where a server with ``auth:`` keeps its OAuth (the store), from the next
-        connect on (tools/mcp/auth.py)."""
-        self._conn.oauth = records
+        connect on (tools/mcp/auth.py). ``on_authorization_needed(server, link, until,
+        admins)``: told of each new link an admin must open, when the server names
+        ``admins`` (serve posts it to them)."""
+        self._conn.oauth = announcing(records, self.server, on_authorization_needed)
 
     async def refresh(self) -> None:
         """List the server's tools now and offer them as they are (bounded by the

@@ -20,15 +20,17 @@ from bot.render.plan import (
     FEEDBACK_ACTION,
     MAX_PLAN_TASKS,
     answer_text,
+    bare,
     chunks_since,
     feedback_blocks,
+    note_shown,
     parse_feedback_block,
     plan_blocks,
     plan_chunks,
     runs,
 )
 from bot.render.runs import request_words
-from bot.render.tasks import MAX_TASK_TEXT, MAX_TITLE, sources_of
+from bot.render.tasks import MAX_TASK_TEXT, MAX_TITLE, progress_note, sources_of, titled
 from engine import events as ev
 from tests.bot.render.plan_support import (
     EVIL,
@@ -95,8 +97,11 @@ def test_an_approval_splits_the_work_into_a_run_below_its_card() -> None:
     assert first.ended and isinstance(first.stop, ev.ApprovalRequested) and rest == []
     assert first.events[-1].type == "approval_granted"  # a vote short of a quorum stays
     card = tasks(first)["toolu_1"]
-    assert card["status"] == "pending"
-    assert card["details"].endswith("waiting for approval — see the card below")
+    assert card["status"] == "pending" and card["details"] == "service: api"
+    # What changes while the card shows is in its title (Slack replaces titles).
+    assert (
+        card["title"] == "Check health (service: api) — waiting for approval — see the card below"
+    )
 
     log.approve("toolu_1", OTHER).start("toolu_1").result("toolu_1", "restarted").answer()
     first, second = runs(log.events)
@@ -200,12 +205,16 @@ def test_a_retry_is_the_same_card_in_the_same_run() -> None:
         )
     )
     card = tasks(only(log), max_attempts=3)["toolu_1"]
-    assert card["status"] == "in_progress"
-    assert card["details"] == "service: api\nattempt 1 failed: timeout; attempt 2 of 3 in 4 s"
-    log.start(attempt=2).result(attempt=2).answer()
+    assert card["status"] == "in_progress" and card["details"] == "service: api"
+    words = "Check health (service: api)"
+    assert card["title"] == f"{words} — attempt 1 failed: timeout; attempt 2 of 3 in 4 s"
+    log.start(attempt=2)
+    card = tasks(only(log), max_attempts=3)["toolu_1"]
+    assert (card["status"], card["title"]) == ("in_progress", f"{words} — attempt 2 of 3")
+    log.result(attempt=2).answer()
     card = tasks(only(log))["toolu_1"]
-    assert card["status"] == "complete"
-    assert card["details"] == "service: api\nattempt 1 failed: timeout; attempt 2 in 4 s"
+    assert card["status"] == "complete" and card["title"] == words
+    assert card["details"] == "service: api"
 
 
 def test_a_reconcile_retry_runs_the_call_again_in_a_new_run() -> None:
@@ -270,9 +279,10 @@ def test_waits_questions_and_new_messages_start_runs() -> None:
         "NoneType",
     ]
     waited = tasks(cut[0])["toolu_1"]
-    assert (waited["status"], waited["details"]) == (
+    assert (waited["status"], waited["details"], waited["title"]) == (
         "in_progress",
-        "service: api\nwaiting for deploy job 42",
+        "service: api",
+        "Deploy (service: api) — waiting for deploy job 42",
     )
     done = tasks(cut[1])["toolu_1"]
     assert done["status"] == "complete" and done["output"].startswith("status: deployed")
@@ -389,10 +399,10 @@ def test_every_task_status(build: Any, status: str, output: str | None) -> None:
     (card,) = [c for c in chunks if c["type"] == "task_update"]
     assert card["id"] == "toolu_1" and card["status"] == status
     assert card.get("output") == output
-    assert card["title"] == "Check health (service: api)"
+    assert card["title"].startswith("Check health (service: api)")
 
 
-def test_details_only_ever_grow_so_slack_can_append_them() -> None:
+def test_details_never_change_once_shown_so_they_are_sent_once() -> None:
     log = Log().ask().card("toolu_1", arguments={"blob": "<&>" * 200, "n": 3}, quorum=1)
     log.approve().start()
     for attempt in (1, 2, 3):
@@ -414,7 +424,8 @@ def test_details_only_ever_grow_so_slack_can_append_them() -> None:
                 continue
             key = f"{run.start.seq}"
             details = card.get("details", "")
-            assert details.startswith(seen.get(key, "")), (seen.get(key), details)
+            assert details == seen.get(key, details), (seen.get(key), details)
+            assert md.slack_len(card["title"]) <= MAX_TITLE
             assert md.slack_len(details) <= MAX_TASK_TEXT
             seen[key] = details
     assert_untrusted_text_is_inert("".join(seen.values()))
@@ -629,11 +640,13 @@ def test_rich_text_shows_untrusted_text_literally() -> None:
 # --- streaming only what is new ---------------------------------------------------------
 
 
-def test_chunks_since_sends_only_what_changed() -> None:
+def test_chunks_since_sends_details_and_output_once_and_titles_as_they_change() -> None:
     log = Log().ask().call()
     sent = plan_chunks(only(log), done=False)
-    assert chunks_since([], sent) == sent
-    assert chunks_since(sent, sent) == []
+    shown: plan.Shown = {}
+    assert chunks_since(shown, sent) == sent
+    note_shown(shown, sent)
+    assert chunks_since(shown, sent) == []
     log.start()
     log.add(
         ev.RetryScheduled(
@@ -644,25 +657,51 @@ def test_chunks_since_sends_only_what_changed() -> None:
         )
     )
     now = plan_chunks(only(log), done=False)
-    assert chunks_since(sent, now) == [
+    assert chunks_since(shown, now) == [
         {
             "type": "task_update",
             "id": "toolu_1",
-            "title": "Check health (service: api)",
+            "title": "Check health (service: api) — attempt 1 failed: timeout; attempt 2 in 4 s",
             "status": "in_progress",
-            "details": "\nattempt 1 failed: timeout; attempt 2 in 4 s",
         }
     ]
+    note_shown(shown, chunks_since(shown, now))
     log.start(attempt=2).result(attempt=2, output="https://a.example").call("toolu_2")
     later = plan_chunks(only(log), done=False)
-    delta = chunks_since(now, later)
+    delta = chunks_since(shown, later)
     assert [(c["id"], c["status"]) for c in delta] == [
         ("toolu_1", "complete"),
         ("toolu_2", "pending"),
     ]
     assert delta[0]["output"] == "https://a.example" and "details" not in delta[0]
     assert delta[0]["sources"] == [{"type": "url", "url": "https://a.example", "text": "a.example"}]
+    assert delta[1]["details"] == "service: api"  # a new card: all of it
     assert_sdk_chunks(delta)
+    note_shown(shown, delta)
+    # Said once: a card that has its output never names it (or its details) again.
+    assert chunks_since(shown, later) == []
+    assert all(
+        not set(c) & {"details", "output", "sources"} for c in chunks_since(shown, bare(later))
+    )
+
+
+def test_after_a_restart_only_titles_and_statuses_are_sent() -> None:
+    log = Log().ask().run_tool("toolu_1").call("toolu_2")
+    chunks = plan_chunks(only(log), done=False)
+    assert [set(c) for c in bare(chunks)] == [
+        {"type", "title"},
+        {"type", "id", "title", "status"},
+        {"type", "id", "title", "status"},
+    ]
+    assert_sdk_chunks(bare(chunks))
+
+
+def test_progress_shows_in_the_title_within_its_limit() -> None:
+    assert progress_note(2, 5, "copying files") == "40 % — copying files"
+    assert progress_note(3, None, None) == "step 3"
+    assert progress_note(7, 5, "<!channel> done") == "100 % — &lt;!channel&gt; done"
+    title = titled("x" * 300, progress_note(1, 2, "y" * 500))
+    assert md.slack_len(title) <= MAX_TITLE and title.startswith("x") and "50 %" in title
 
 
 # --- feedback ---------------------------------------------------------------------------
