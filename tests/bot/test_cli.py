@@ -439,8 +439,7 @@ def test_serve_answers_healthz_and_stops_cleanly_on_sigterm(tmp_path: Path) -> N
         _serve_and_stop(tmp_path, claude, slack)
         claude.assert_clean()
         # The answer was shown in the Slack thread, once (streamed into the run's plan).
-        posts = [c for c in slack.calls if c.method in ("chat.postMessage", "chat.appendStream")]
-        assert sum("Yes, I am here." in str(c.params) for c in posts) == 1
+        assert len(slack.showing("Yes, I am here.")) == 1
 
 
 def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic, slack: FakeSlack) -> None:
@@ -490,7 +489,7 @@ def _serve_and_stop(tmp_path: Path, claude: FakeAnthropic, slack: FakeSlack) -> 
             time.sleep(0.2)
         assert answer == "Yes, I am here."
         # …and shows it in the Slack thread before we stop it.
-        while not [c for c in slack.calls if "Yes, I am here." in str(c.params)]:
+        while not slack.showing("Yes, I am here."):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the answer was not posted to Slack"
             time.sleep(0.1)

@@ -33,7 +33,7 @@ from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
 from engine.store import Store, ThreadKey, open_store, store_for
 from tests.bot.test_cli import SECRETS, _free_port, fakes_in_a_thread
-from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, serve
+from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, _wait_shown, serve
 from tests.fakes.anthropic import FAKE_API_KEY, FakeAnthropic
 from tests.fakes.slack import BOT_USER_ID, TOKEN, FakeSlack, app_mention_event
 from tests.support.demo_tools import make_tools
@@ -98,7 +98,7 @@ def test_metrics_of_a_real_serve_after_one_approved_thread(tmp_path: Path) -> No
             card = _wait_call(slack, proc, lambda c: APPROVE_ACTION in str(c.params))
             click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=root)
             assert _send(port, click) == 200
-            _wait_call(slack, proc, lambda c: "Filed the ticket." in str(c.params))
+            _wait_shown(slack, proc, "Filed the ticket.")
             _wait_call(
                 slack, proc, lambda c: c.method == "chat.update" and "U_BOB" in str(c.params)
             )

@@ -16,7 +16,7 @@ import pytest
 
 from bot.render.approval import APPROVE_ACTION
 from tests.bot.test_cli import _free_port
-from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, serve
+from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, _wait_shown, serve
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.pagerduty import FROM_EMAIL, TOKEN, FakePagerDuty
 from tests.fakes.slack import BOT_USER_ID, FakeSlack, app_mention_event
@@ -121,7 +121,7 @@ def test_an_on_call_hand_over_between_posting_and_clicking_is_honoured(tmp_path:
 
             click = f.slack.click_on(card, APPROVE_ACTION, user=BOB, thread_ts=ROOT)
             assert _send(port, click) == 200
-            _wait_call(f.slack, proc, lambda c: "Acknowledged the incident." in str(c.params))
+            _wait_shown(f.slack, proc, "Acknowledged the incident.")
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
         finally:

@@ -30,7 +30,13 @@ from engine.rules import PolicySet
 from engine.runner import Runner
 from engine.store import Store, ThreadKey
 from tests.bot.test_cli import _free_port, fakes_in_a_thread
-from tests.bot.test_serve_crash import _send, _wait_call, _wait_healthy, serve, shown_event_ids
+from tests.bot.test_serve_crash import (
+    _send,
+    _wait_healthy,
+    _wait_shown,
+    serve,
+    shown_event_ids,
+)
 from tests.fakes.slack import (
     BOT_USER_ID,
     TEAM_DOMAIN,
@@ -356,7 +362,7 @@ def test_serve_killed_after_posting_the_reminder_reminds_and_escalates_once(tmp_
         second = serve(db, claude.url, slack.url, None, port=port, **extra)
         try:
             _wait_healthy(second, port)
-            _wait_call(slack, second, lambda c: "no ticket was filed" in str(c.params))
+            _wait_shown(slack, second, "no ticket was filed")
             second.send_signal(signal.SIGTERM)
             second.communicate(timeout=30)
         finally:

@@ -126,12 +126,10 @@ async def test_mention_to_approval_to_answer_through_slack(runtime, fakes):
     assert "message_posted" in types
 
 
-SHOWING = ("chat.postMessage", "chat.appendStream", "chat.update")  # what shows text
-
-
 def _shown(slack: FakeSlack, text: str) -> bool:
-    """Whether ``text`` was posted, or streamed into a plan message."""
-    return any(text in str(c.params) for c in slack.calls if c.method in SHOWING)
+    """Whether a message of the bot shows ``text`` now (posted, or streamed into a plan
+    message in as many pieces as it came)."""
+    return bool(slack.showing(text))
 
 
 async def _wait_posted(slack: FakeSlack, text: str) -> None:

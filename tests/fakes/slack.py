@@ -275,6 +275,16 @@ class FakeSlack(WebApi):
         channels = [channel] if channel else list(self.messages)
         return [m for c in channels for m in self.messages.get(c, []) if m.get("bot_id") == BOT_ID]
 
+    def showing(self, text: str, channel: str | None = None) -> list[dict[str, Any]]:
+        """The bot's messages that show ``text`` now: in their text or blocks, a streamed
+        plan message's text as appended so far included (an answer streamed in pieces
+        is in no single call)."""
+        return [
+            m
+            for m in self.posted(channel)
+            if text in json.dumps({k: m.get(k) for k in ("text", "blocks")}, ensure_ascii=False)
+        ]
+
     async def wait_for(
         self,
         method: str,
