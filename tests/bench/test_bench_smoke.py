@@ -76,38 +76,12 @@ async def test_latency_prints_one_json_line_with_every_figure(pg_url):
         counted = {k: result[backend][k]["n"] for k in figures}
         assert counted == figures, backend  # one sample per flow (or held thread), none lost
         assert all(result[backend][k]["p99_ms"] >= result[backend][k]["p50_ms"] for k in figures)
-    assert isinstance(result["pass"], bool)
-    assert result["pass"] == all(result["checks"].values())
-
-
-LIVE_PLAN = ("mention_to_loading_status", "first_token_to_first_streamed_character")
-
-
-@pytest.mark.postgres
-async def test_latency_flows_only_times_the_live_plan_on_both_backends(pg_url):
-    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": pg_url.split("?")[0], "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "bench" / "latency.py"), "--quick", "--flows-only", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    async with asyncio.timeout(300):
-        out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()[-3000:]
-    (line,) = out.decode().strip().splitlines()
-    result = json.loads(line)
-    assert (result["bench"], result["flows_only"], result["kill_threads"]) == ("latency", True, 0)
-    assert result["stream_gap_ms"] >= 100  # the first token stands apart from the rest
+    # The live plan's two lines: the first token stands apart from the rest, so the
+    # first streamed character can only have come from it.
+    assert result["stream_gap_ms"] >= 100
     assert result["targets"]["mention_to_loading_status_p99_ms<"] == 300
     assert result["targets"]["first_token_to_first_streamed_character_p99_ms<"] == 50
-    for backend in ("sqlite", "postgresql"):
-        row = result[backend]
-        for key in LIVE_PLAN:
-            assert set(row[key]) == {"p50_ms", "p99_ms", "n"}, (backend, key)
-            assert row[key]["n"] == result["flows"], (backend, key)  # one sample per flow
-            assert 0 <= row[key]["p50_ms"] <= row[key]["p99_ms"]
-            assert isinstance(result["checks"][f"{backend}_{key}_p99"], bool)
-        assert "sigkill_to_resume" not in row and "alert_to_model_request" not in row
-    assert "model_first_token_to_on_text" not in result
+    assert isinstance(result["pass"], bool)
     assert result["pass"] == all(result["checks"].values())
 
 
