@@ -259,13 +259,8 @@ class AnswerStreams:
             return
         so_far, sent.answer = sent.answer, None  # not known until Slack says it took it
         try:
-            await d._call(
-                "chat.appendStream",
-                d.client.chat_appendStream,
-                f"thread_id={thread_id}",
-                channel=a.channel,
-                ts=a.ts,
-                markdown_text=piece,
+            await stream.append_stream(
+                d, f"thread_id={thread_id}", a.channel, a.ts, markdown_text=piece
             )
         except Stop as stop:
             a.off = True

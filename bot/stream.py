@@ -160,6 +160,13 @@ class PlanMessages:
         return None
 
 
+async def append_stream(d: Delivery, where: str, channel: str, ts: str, **content: Any) -> None:
+    """Append ``content`` (``chunks`` or ``markdown_text``) to the open stream at ``ts``."""
+    await d._call(
+        "chat.appendStream", d.client.chat_appendStream, where, channel=channel, ts=ts, **content
+    )
+
+
 def _chunks(run: Run) -> list[dict[str, Any]]:
     return plan_chunks(run, done=run.ended)
 
@@ -274,14 +281,7 @@ async def _append(p: _Pass, plan: PlanRun, ts: str, where: str, *, resync: bool)
     todo = sent.changed(_chunks(plan.run))
     if todo:
         faults.hit("stream_appending")  # crash tests: recorded, not appended to yet
-        await d._call(
-            "chat.appendStream",
-            d.client.chat_appendStream,
-            where,
-            channel=p.slack.channel,
-            ts=ts,
-            chunks=todo,
-        )
+        await append_stream(d, where, p.slack.channel, ts, chunks=todo)
         p.made += 1
     d.plans.remember(ts, sent).note(todo)
 
@@ -303,14 +303,7 @@ async def resync_plan(
     ended = plan.run.ended
     sent = Sent(answer=None if ended else "", junk=not ended, thread_id=thread_id, channel=channel)
     faults.hit("stream_appending")  # crash tests: recorded, not appended to yet
-    await d._call(
-        "chat.appendStream",
-        d.client.chat_appendStream,
-        where,
-        channel=channel,
-        ts=ts,
-        chunks=bare(chunks),
-    )
+    await append_stream(d, where, channel, ts, chunks=bare(chunks))
     sent.note(chunks)  # what it may show
     return d.plans.remember(ts, sent)
 
@@ -336,14 +329,7 @@ async def _finish(p: _Pass, plan: PlanRun, ts: str, where: str) -> None:
     text = answer_text(run)
     for piece in pieces(text[len(sent.answer) :]):
         so_far, sent.answer = sent.answer, None  # not known until Slack says it took it
-        await d._call(
-            "chat.appendStream",
-            d.client.chat_appendStream,
-            where,
-            channel=p.slack.channel,
-            ts=ts,
-            markdown_text=piece,
-        )
+        await append_stream(d, where, p.slack.channel, ts, markdown_text=piece)
         sent.answer = so_far + piece
         p.made += 1
         faults.hit("stream_answering")  # crash tests: the answer partly streamed
