@@ -8,9 +8,9 @@ kept here; a task per thread sends what was kept to Slack.
 **When.** Which reply is an answer is known only at its end: words before a tool call
 come first, as text, and a stream cannot take text back. People read an answer as it is
 written (Slack's agents do; the target is its first character within 50 ms of the
-model's first token), so a reply's words are sent at once (``HOLD_S`` is 0: a deployment
-that would rather not show words before a tool call, even for a moment, raises it) and
-then every ``EVERY_S`` at most. Words
+model's first token), so serve sends a reply's words at once (``HOLD_S`` is 0; a
+``Delivery(answer_hold=…)`` holds them that long for a tool call first, which tests use
+to pin that case down) and then every ``EVERY_S`` at most. Words
 sent that turned out to be no answer (a reset after sending) stay in the message until
 the run ends; the message is then replaced in place (stopped, and ``chat.update`` with
 the whole plan: :mod:`bot.stream`, ``Sent.junk``), so it ends with the plan and the

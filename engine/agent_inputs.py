@@ -17,7 +17,15 @@ from typing import Literal
 from engine import events as ev
 from engine import metrics
 from engine.errors import IllegalTransition
-from engine.inputs import Accepted, Decider, DecisionRequest, Refused, may_decide
+from engine.inputs import (  # this module is engine.inputs' own, split for size
+    Accepted,
+    Decider,
+    DecisionRequest,
+    Refused,
+    _append_one,
+    _seen,
+    may_decide,
+)
 from engine.retrying import retrying
 from engine.reviewers import ReviewerRule
 from engine.store import Store
@@ -38,8 +46,8 @@ async def request_stop(
     whoever may cancel it, while it works."""
 
     async def once() -> Accepted | Refused:
-        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
-            return Accepted(thread_id, seen, deduplicated=True)
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen
         state = await store.load(thread_id)
         if state.status not in WORKING:
             return Refused(thread_id, NOT_WORKING)
@@ -50,12 +58,9 @@ async def request_stop(
             return Refused(thread_id, why.replace("cancel", "stop"))
         event = ev.StopRequested(actor=decider.user, user=decider.user, dedupe_key=dedupe_key)
         try:
-            done = await store.append(thread_id, state.last_seq, [event], state=state)
+            return _counted(await _append_one(store, thread_id, state, event))
         except IllegalTransition:
             return Refused(thread_id, NOT_WORKING)
-        if not done.deduplicated:
-            metrics.count_inputs(done.events)
-        return Accepted(thread_id, done.events[0], done.deduplicated)
 
     return await retrying(once)
 
@@ -72,15 +77,19 @@ async def give_feedback(
     """Record ``user``'s 👍 (``up``) or 👎 (``down``) on the plan message at ``ts``."""
 
     async def once() -> Accepted | Refused:
-        if dedupe_key and (seen := await store.find_by_dedupe_key(thread_id, dedupe_key)):
-            return Accepted(thread_id, seen, deduplicated=True)
+        if dedupe_key and (seen := await _seen(store, thread_id, dedupe_key)):
+            return seen
         state = await store.load(thread_id)
         if state.status == "new":
             return Refused(thread_id, "the thread has no answer yet")
         event = ev.FeedbackGiven(actor=user, ts=ts, value=value, user=user, dedupe_key=dedupe_key)
-        done = await store.append(thread_id, state.last_seq, [event], state=state)
-        if not done.deduplicated:
-            metrics.count_inputs(done.events)
-        return Accepted(thread_id, done.events[0], done.deduplicated)
+        return _counted(await _append_one(store, thread_id, state, event))
 
     return await retrying(once)
+
+
+def _counted(accepted: Accepted) -> Accepted:
+    """Counted in /metrics once, as it is stored (a redelivery is not counted again)."""
+    if not accepted.deduplicated:
+        metrics.count_inputs([accepted.event])
+    return accepted

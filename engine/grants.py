@@ -201,16 +201,7 @@ def channel_grants(
         if thread_id == besides:
             continue
         if isinstance(e, GrantCreated) and e.scope == "channel":
-            grant = Grant(
-                grant_id=e.grant_id,
-                tool=e.tool,
-                arguments_schema=e.arguments_schema,
-                until=e.until,
-                reviewer=e.reviewer,
-                scope=e.scope,
-                approvers=e.approvers,
-            )
-            made[e.grant_id] = Found(grant, thread_id)
+            made[e.grant_id] = Found(Grant.created(e), thread_id)
         elif isinstance(e, GrantRevoked):
             made.pop(e.grant_id, None)
     return list(made.values())

@@ -125,6 +125,19 @@ class Grant(_Frozen):
         """Expiry is just ``until`` passing: no job, no event."""
         return now < self.until
 
+    @classmethod
+    def created(cls, e: ev.GrantCreated) -> Grant:
+        """The grant ``e`` made (a thread's own, or a channel grant found elsewhere)."""
+        return cls(
+            grant_id=e.grant_id,
+            tool=e.tool,
+            arguments_schema=e.arguments_schema,
+            until=e.until,
+            reviewer=e.reviewer,
+            scope=e.scope,
+            approvers=e.approvers,
+        )
+
 
 GRANTS_KEPT_AFTER = timedelta(days=1)
 GRANT_PREFIX = "grant:"  # the actor of an approval a grant gave: grant:<grant_id>
@@ -515,15 +528,7 @@ def _granted_by_grant(s: ThreadState, e: ev.ApprovalGranted) -> dict[str, Any]:
 
 
 def _grant_created(s: ThreadState, e: ev.GrantCreated) -> dict[str, Any]:
-    grant = Grant(
-        grant_id=e.grant_id,
-        tool=e.tool,
-        arguments_schema=e.arguments_schema,
-        until=e.until,
-        reviewer=e.reviewer,
-        scope=e.scope,
-        approvers=e.approvers,
-    )
+    grant = Grant.created(e)
     _require(e.grant_id not in s.grants, e, s, f"grant {e.grant_id!r} exists")
     # Long-expired grants go (a day's slack: the runner's clock decides liveness).
     live = {k: g for k, g in s.grants.items() if g.until > e.created_at - GRANTS_KEPT_AFTER}

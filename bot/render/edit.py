@@ -355,14 +355,16 @@ def _value(field: Field, state: dict[str, Any]) -> Any:
         return _empty(field)
     if field.kind == "text":
         return text
-    return _number(text.strip(), field.kind)
+    return read_number(text.strip(), field.kind)
 
 
 def _empty(field: Field) -> Any:
     return None if field.nullable and field.required else _LEFT_OUT
 
 
-def _number(text: str, kind: Kind) -> int | float:
+def read_number(text: str, kind: str) -> int | float:
+    """A number typed into a form input (``kind`` integer or number); ValueError says
+    what to type instead."""
     try:
         return int(text)
     except ValueError:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from bot.limits import (
 from bot.mrkdwn import date as slack_date
 from bot.mrkdwn import escape, for_people, mention, slack_len, truncate
 from bot.render.common import button, context, plain, section, tool
+from bot.render.edit import read_number
 from engine import events as ev
 from tools.mcp.elicitation import Question, fill_defaults, question_of
 from tools.schemas import SchemaProblem, compile_schema, validate
@@ -436,7 +436,7 @@ def _value(field: Field, state: dict[str, Any]) -> Any:
     if field.kind == "text":
         _check_format(field.format, text.strip())
         return text
-    return _number(text.strip(), field.kind)
+    return read_number(text.strip(), field.kind)
 
 
 def _chosen(field: Field, option: dict[str, Any]) -> Any:
@@ -484,21 +484,6 @@ def _check_format(fmt: str, text: str) -> None:
             raise ValueError("Enter a date and time: YYYY-MM-DDTHH:MM:SSZ") from None
         if when.tzinfo is None:
             raise ValueError("Give the time zone too, such as Z or +02:00")
-
-
-def _number(text: str, kind: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        if kind == "integer":
-            raise ValueError("Enter a whole number") from None
-    try:
-        number = float(text)
-    except ValueError:
-        raise ValueError("Enter a number") from None
-    if not math.isfinite(number):
-        raise ValueError("Enter a finite number")
-    return number
 
 
 def _schema_errors(
