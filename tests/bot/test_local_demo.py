@@ -208,7 +208,9 @@ async def test_it_did_not_happen_is_answered_as_a_persons_word_not_as_the_catalo
     assert reconcile is not None
     assert "“show service web”" in json.dumps(reconcile["blocks"], ensure_ascii=False)
     await page.click(BOB, reconcile, ABANDON_ACTION)
-    done = await page.wait_thread(root, saying("I did not run it again"))
+    # The answer streams in: wait for its last words, not its first.
+    done = await page.wait_thread(root, saying("shows what the catalog has now"))
+    assert "I did not run it again" in texts(done)
     assert "Not scaled" not in texts(done)
     assert "`show service web` shows what the catalog has now" in texts(done)
     saved = json.loads(catalog_path(tmp_path / "workspace.json").read_text())

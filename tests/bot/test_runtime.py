@@ -109,9 +109,16 @@ async def test_mention_to_approval_to_answer_through_slack(runtime, fakes):
         click = slack.click_on(card, APPROVE_ACTION, user="U_BOB", thread_ts=ROOT_TS)
         assert await post(client, click) == 200
 
-        # The card is updated in place naming the reviewer; the answer is posted.
-        updates = await slack.wait_for("chat.update", timeout=15)
-        assert any("U_BOB" in str(u.params.get("blocks")) for u in updates)
+        # The card is updated in place naming the reviewer; the answer is posted. Other
+        # messages are updated too (the status message; the plan message, whose words
+        # before the tool call are replaced): wait for the card's update among them.
+        card_ts = click["container"]["message_ts"]
+        for n in range(1, 100):
+            updates = await slack.wait_for("chat.update", count=n, timeout=15)
+            if any(u.params.get("ts") == card_ts and "U_BOB" in str(u.params) for u in updates):
+                break
+        else:
+            raise AssertionError("the card was not updated naming the reviewer")
         await _wait_posted(slack, "Filed the ticket.")
 
     info = (await runtime.store.list_threads())[0]
