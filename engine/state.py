@@ -18,6 +18,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 
 from engine import events as ev
 from engine.errors import IllegalTransition
+from engine.frozen import replaced
 from engine.reviewers import ReviewerRule
 
 Status = Literal[
@@ -63,10 +64,9 @@ M = TypeVar("M", bound=_Frozen)
 
 
 def evolve(model: M, changes: Mapping[str, Any]) -> M:
-    """``model`` with ``changes``, validated as a new one: a misspelt field or a value of
-    the wrong type raises ``ValidationError`` (``model_copy(update=...)`` lets both
-    through). Nested models already built pass by identity, so this stays cheap."""
-    return type(model).model_validate({**model.__dict__, **changes})
+    """``model`` with ``changes``: a misspelt field raises; the values come from validated
+    events and states, so they are not validated again (``engine.frozen``)."""
+    return replaced(model, changes)
 
 
 class WaitInfo(_Frozen):

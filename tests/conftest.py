@@ -14,6 +14,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+# Every copy the reducer and the store make is validated in tests (engine.frozen), in
+# this process and in the processes tests start; set before engine is imported.
+os.environ["OPSLOOP_STRICT_COPIES"] = "1"
+
 from engine.store import Store, open_store
 
 PG_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -41,6 +41,7 @@ from engine import faults, mapper, metrics
 from engine.db import DatabaseConfig
 from engine.errors import ConcurrencyConflict, StoreUnavailable, ThreadNotFound
 from engine.events import AnyEvent, Event, GrantCreated, GrantRevoked, utcnow
+from engine.frozen import replaced
 from engine.grants import GRANT_LONGEST_S
 from engine.state import ThreadState, reduce
 from engine.types import Appended, Decided, ThreadInfo, ThreadKey
@@ -133,7 +134,7 @@ def stamp(
 ) -> tuple[list[AnyEvent], ThreadState]:
     """Give drafts their envelope and apply them (IllegalTransition: nothing is written)."""
     stamped: list[Any] = [
-        e.model_copy(update={"thread_id": thread_id, "seq": expected_seq + i, "created_at": now})
+        replaced(e, {"thread_id": thread_id, "seq": expected_seq + i, "created_at": now})
         for i, e in enumerate(events, start=1)
     ]
     return stamped, reduce(stamped, state)

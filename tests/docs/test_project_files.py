@@ -6,10 +6,12 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Named in the code but not settings: the crash tests' fault injection, and the values
+# Named in the code but not settings: the crash tests' fault injection, the test suite's
+# validation of every copy the reducer makes (engine/frozen.py), and the values
 # local mode fills into its own opsloop.yaml (localslack/demo.py), which nobody sets.
 NOT_SETTINGS = {
     "OPSLOOP_FAULTS",
+    "OPSLOOP_STRICT_COPIES",
     "OPSLOOP_LOCAL_PYTHON",
     "OPSLOOP_LOCAL_CATALOG",
     "OPSLOOP_LOCAL_URL",
