@@ -4,15 +4,17 @@ One statement is one round trip and (for a write) one commit: the append moves t
 thread row, inserts the events and upserts the snapshot in data-modifying CTEs, so a
 writer that moved the thread first makes the guarded UPDATE match no row and nothing
 is inserted. Every statement is written once, in the SQL section below, with named
-parameters. SQLAlchemy is used only to create the tables from the SQLModel metadata.
+parameters (an append's events by position, the text for their number made at its first
+use). SQLAlchemy is used only to create the tables from the SQLModel metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -55,12 +57,14 @@ _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")  # ``:name``, not a ``::type``
 
 class Statement:
     """A statement with ``:name`` parameters, as asyncpg's ``$n`` text (``text``) and
-    the names in their numbers' order; ``args(values)`` lines a mapping's values up."""
+    the names in their numbers' order; ``args(values)`` lines a mapping's values up.
+    ``leading``: names numbered first, wherever they stand, whose values a caller passes
+    by position (an append's events: many, and the same few columns over again)."""
 
-    __slots__ = ("names", "text")
+    __slots__ = ("named", "names", "text")
 
-    def __init__(self, source: str) -> None:
-        names: list[str] = []
+    def __init__(self, source: str, leading: Sequence[str] = ()) -> None:
+        names: list[str] = list(leading)
 
         def number(match: re.Match[str]) -> str:
             if match[1] not in names:
@@ -69,10 +73,13 @@ class Statement:
 
         self.text = _NAMED.sub(number, source)
         self.names = tuple(names)
+        self.named = self.names[len(leading) :]  # the names ``args`` looks up
 
-    def args(self, values: Mapping[str, Any]) -> list[Any]:
-        """The values in ``$n`` order (names the statement does not use are ignored)."""
-        return [values[name] for name in self.names]
+    def args(self, values: Mapping[str, Any], leading: Sequence[Any] = ()) -> list[Any]:
+        """The values in ``$n`` order: ``leading``'s, then the rest by name (names the
+        statement does not use are ignored)."""
+        named = [values[name] for name in self.named]
+        return [*leading, *named] if leading else named
 
 
 # NOTIFY on the schema's channel, in the append's own statement (so at its commit,
@@ -85,36 +92,68 @@ class Statement:
 # process can hold it. A commit that notified takes PostgreSQL's one notification-queue
 # lock, so notifying every mention serialised a burst's commits (bench/slack_ack.py).
 RUNNABLE_CHANNEL = "opsloop_runnable:"
-# The parameters holding a batch's events, one array per column, and their columns.
-EVENT_ARRAYS = (
-    ("seqs", "seq"),
-    ("event_ids", "event_id"),
-    ("types", "type"),
-    ("actors", "actor"),
-    ("payloads", "payload"),
-    ("dedupe_keys", "dedupe_key"),
-    ("versions", "schema_version"),
-)
-_EVENTS_FROM_ARRAYS = """
-unnest(:seqs::int[], :event_ids::text[], :types::text[], :actors::text[], :payloads::text[],
-    :dedupe_keys::text[], :versions::int[])
-    AS e(seq, event_id, type, actor, payload, dedupe_key, schema_version)
-"""
+# A batch's event columns (a row's keys, ``mapper.to_row``) and their types. A batch
+# of up to SCALAR_EVENTS events binds each value as a parameter of its own, a larger
+# one an array per column: asyncpg encodes an array element by element, through abc
+# isinstance checks, which cost a step a tenth of its CPU, and nearly every batch
+# holds one to three events.
+_EVENT_TYPES = {
+    "seq": "int",
+    "event_id": "text",
+    "type": "text",
+    "actor": "text",
+    "payload": "text",
+    "dedupe_key": "text",
+    "schema_version": "int",
+}
+EVENT_FIELDS = tuple(_EVENT_TYPES)
+SCALAR_EVENTS = 4
+
+
+def _events_from(events: int) -> tuple[str, tuple[str, ...]]:
+    """The batch's events as the row source ``e`` (its columns ``EVENT_FIELDS``), and
+    its parameters, in the order ``event_values`` gives their values: ``events`` rows
+    of scalars (``:seq_0``, …), or, for 0, one array per column (``:seqs``, …)."""
+    if events:
+        rows = (
+            ", ".join(f":{column}_{i}::{kind}" for column, kind in _EVENT_TYPES.items())
+            for i in range(events)
+        )
+        source = "(VALUES (" + "),\n    (".join(rows) + "))"
+        names = tuple(f"{column}_{i}" for i in range(events) for column in EVENT_FIELDS)
+    else:
+        arrays = (f":{column}s::{kind}[]" for column, kind in _EVENT_TYPES.items())
+        source = "unnest(" + ", ".join(arrays) + ")"
+        names = tuple(f"{column}s" for column in EVENT_FIELDS)
+    return f"{source}\n    AS e({', '.join(EVENT_FIELDS)})", names
+
+
+def event_values(rows: list[dict[str, Any]]) -> tuple[int, list[Any]]:
+    """The batch form for ``rows`` (``events`` of ``append_sql`` and ``create_sql``)
+    and the values of its event parameters, in their order."""
+    if 0 < len(rows) <= SCALAR_EVENTS:
+        return len(rows), [row[column] for row in rows for column in EVENT_FIELDS]
+    return 0, [[row[column] for row in rows] for column in EVENT_FIELDS]
+
+
 _INSERT_EVENTS = """
     INSERT INTO events
         (thread_id, seq, event_id, type, actor, created_at, payload, dedupe_key, schema_version)
 """
 
 
-def _append_sql(*, keys: bool, snapshot: bool) -> str:
+@functools.cache  # a text per form, built at its first use
+def append_sql(keys: bool, snapshot: bool, events: int) -> Statement:
     """The append of a batch, with the parts it needs only: each part costs its set-up
     in the executor even when it matches nothing, and most appends (the runner's) carry
     no dedupe key and are not due a snapshot.
 
-    The events as arrays (``EVENT_ARRAYS``); the thread's new ``last_seq``, ``status``,
+    The events first, by position (``events``: their number, or 0: as arrays; see
+    ``event_values``); then by name the thread's new ``last_seq``, ``status``,
     ``wake_at``, ``requester``, ``alert_key``, ``now``; its ``thread_id`` and ``expected_seq``; the
     appending store's ``origin`` and whether the append ``wakes`` the thread; with
     ``keys``, the inputs' dedupe ``keys``; with ``snapshot``, the ``snapshot``."""
+    source, leading = _events_from(events)
     ctes = []
     if keys:
         # The keys are looked up by their own index: OFFSET 0 keeps the planner from
@@ -138,7 +177,7 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
     {_INSERT_EVENTS}
     SELECT moved.id, e.seq, e.event_id, e.type, e.actor, :now, e.payload, e.dedupe_key,
         e.schema_version
-    FROM moved, {_EVENTS_FROM_ARRAYS}
+    FROM moved, {source}
 )""")
     if snapshot:
         ctes.append("""snapshot AS (
@@ -155,19 +194,18 @@ def _append_sql(*, keys: bool, snapshot: bool) -> str:
 FROM (SELECT) AS one LEFT JOIN stored ON true"""
     else:
         select = f"SELECT (SELECT count(*) FROM moved) AS moved, NULL AS seq, {woke}"
-    return "\nWITH " + ",\n".join(ctes) + "\n" + select + "\n"
+    return Statement("\nWITH " + ",\n".join(ctes) + "\n" + select + "\n", leading)
 
 
-# (has dedupe keys, carries a snapshot) -> the append for such a batch.
-APPEND_SQL = {
-    (keys, snapshot): Statement(_append_sql(keys=keys, snapshot=snapshot))
-    for keys in (False, True)
-    for snapshot in (False, True)
-}
-# A new thread already at its state (as the append's ``moved``), at its ``team``,
-# ``channel`` and ``root_ts``, with its first events and any ``snapshot``; nothing when a
-# thread is at that key, or open for its alert, already (any conflict).
-CREATE_SQL = Statement(f"""
+@functools.cache
+def create_sql(events: int) -> Statement:
+    """A new thread already at its state (as the append's ``moved``), at its ``team``,
+    ``channel`` and ``root_ts``, with its first events (as ``append_sql``'s) and any
+    ``snapshot``; nothing when a thread is at that key, or open for its alert, already
+    (any conflict)."""
+    source, leading = _events_from(events)
+    return Statement(
+        f"""
 WITH created AS (
     INSERT INTO threads
         (id, team, channel, root_ts, status, last_seq, wake_at, requester, alert_key,
@@ -180,13 +218,17 @@ WITH created AS (
     {_INSERT_EVENTS}
     SELECT created.id, e.seq, e.event_id, e.type, e.actor, :now, e.payload, e.dedupe_key,
         e.schema_version
-    FROM created, {_EVENTS_FROM_ARRAYS}
+    FROM created, {source}
 ), snapshot AS (
     INSERT INTO snapshots (thread_id, seq, state)
     SELECT created.id, :last_seq, :snapshot::text FROM created WHERE :snapshot::text IS NOT NULL
 )
 SELECT count(*) FROM created
-""")
+""",
+        leading,
+    )
+
+
 CREATE_THREAD_SQL = Statement("""
 WITH created AS (
     INSERT INTO threads (id, team, channel, root_ts, status, last_seq, created_at, updated_at)
@@ -722,25 +764,29 @@ class PostgresStore(Store):
         create: ThreadKey | None = None,
         wakes: bool = False,
     ) -> Outcome:
-        values: dict[str, Any] = {name: [r[column] for r in rows] for name, column in EVENT_ARRAYS}
-        values.update(
-            thread_id=thread_id,
-            last_seq=state.last_seq,
-            status=state.status,
-            wake_at=state.wake_at,
-            requester=state.requester,
-            alert_key=state.alert,
-            now=now,
-            snapshot=snapshot,
-        )
+        events, leading = event_values(rows)
+        values: dict[str, Any] = {
+            "thread_id": thread_id,
+            "last_seq": state.last_seq,
+            "status": state.status,
+            "wake_at": state.wake_at,
+            "requester": state.requester,
+            "alert_key": state.alert,
+            "now": now,
+            "snapshot": snapshot,
+        }
         try:
             if create is not None:
-                where = {"team": create.team, "channel": create.channel, "root_ts": create.root_ts}
-                created = await self._fetchval(CREATE_SQL, **values, **where)
+                values.update(team=create.team, channel=create.channel, root_ts=create.root_ts)
+                statement = create_sql(events)
+                args = statement.args(values, leading)
+                created = await self._run(lambda conn: conn.fetchval(statement.text, *args))
                 return "written" if created == 1 else "moved"
-            keys = [key for key in values["dedupe_keys"] if key]
+            keys = [row["dedupe_key"] for row in rows if row["dedupe_key"]]
             values.update(expected_seq=expected_seq, origin=self.origin, wakes=wakes, keys=keys)
-            found = await self._fetchrow(APPEND_SQL[bool(keys), snapshot is not None], **values)
+            statement = append_sql(bool(keys), snapshot is not None, events)
+            args = statement.args(values, leading)
+            found = await self._run(lambda conn: conn.fetchrow(statement.text, *args))
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
             # thread) after our statement began: the core looks again.
