@@ -25,6 +25,8 @@ Measured in one process, one run:
 * the unit of issue 19 and of the peer comparisons: one autocommit INSERT of the same
   row into a plain table (no index, no explicit transaction), timed in the same bursts,
   alternating with the raw commits.
+* the floor under a step, in the same bursts: the store's two append statements of a
+  real step alone (``StepStatements``), rows made beforehand, no engine work.
 * ``store.load`` (snapshot + tail, reduced) of a 10-event and a 10,000-event thread.
 * with ``--instructions``, also the instructions per step under callgrind, and the top
   functions by inclusive instructions (``bench/_instructions.py``), on stderr.
@@ -63,12 +65,13 @@ import asyncpg
 from pydantic import BaseModel
 
 from engine import events as ev
+from engine import mapper
 from engine.context import Prompt
 from engine.inputs import post_user_message
 from engine.models.base import Decision
 from engine.models.scripted import ScriptedModel, call, say
 from engine.runner import Runner, RunnerConfig
-from engine.state import reduce
+from engine.state import ThreadState, reduce
 from engine.store import Store, ThreadKey, open_store
 from tools import ToolContext, ToolRegistry, tool
 
@@ -78,7 +81,7 @@ CONCURRENCY = 50
 TARGET_STEP_RATIO = 2.5
 TARGET_TX_RATIO = 0.6
 # Issue 19's targets: a step in at most 2.5 autocommit INSERTs and 0.6 M instructions.
-# Reported next to the others, not yet part of ``pass`` (bench/README.md says why).
+# Reported next to the others, not part of ``pass`` (bench/README.md says why).
 TARGET_AUTOCOMMIT_RATIO = 2.5
 TARGET_INSTRUCTIONS = 600_000
 # Threads of each kind (0 and STEPS tool steps) that --instructions counts.
@@ -251,10 +254,11 @@ def check_done(thread_id: str, state: Any, steps: int) -> None:
         raise RuntimeError(f"thread {thread_id} ended as {got}, expected idle/{expected}")
 
 
-async def run_thread(store: Store, runner: Runner, steps: int = STEPS) -> None:
+async def run_thread(store: Store, runner: Runner, steps: int = STEPS) -> str:
     """Post a message to a new thread and run it to rest; check it did its steps."""
     thread_id = await post_thread(store)
     check_done(thread_id, await runner.run(thread_id), steps)
+    return thread_id
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -264,9 +268,10 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 async def bench_single(
     url: str, raw: RawWriter, plan: Plan, profile_top: int
-) -> tuple[float, float]:
-    """Step median and p99 of one thread alone; between threads, a burst of raw commits
-    (so both sides of ``ratio_step_to_commit`` see the same load on the machine)."""
+) -> tuple[float, float, float]:
+    """Step median and p99 of one thread alone, and the median of a step's two
+    statements alone (``StepStatements``); between threads, a burst of raw commits and
+    of those statements (so every ratio's sides see the same load on the machine)."""
     store = await open_store(url, pool_size=CONCURRENCY)
     counter = TxCounter()
     counter.install(store)
@@ -276,12 +281,15 @@ async def bench_single(
     try:
         for _ in range(plan.warmup_threads):
             await run_thread(store, runner)
+        statements = await StepStatements.start(store, runner)
         await raw.commit(100, keep=False)
+        await statements.run(20, keep=False)
         steps: list[float] = []
         counter.reset()
         profiler = cProfile.Profile() if profile_top else None
         for _ in range(plan.single_threads):
             await raw.commit(burst)
+            await statements.run(burst)
             model.stamps = []
             if profiler:
                 profiler.enable()
@@ -305,7 +313,7 @@ async def bench_single(
             stats.sort_stats("tottime").print_stats(profile_top)
             stats.sort_stats("cumulative").print_stats(profile_top)
             print(out.getvalue(), file=sys.stderr)
-        return statistics.median(steps), quantile(steps, 0.99)
+        return statistics.median(steps), quantile(steps, 0.99), statements.median()
     finally:
         await store.close()
 
@@ -557,6 +565,67 @@ class RawWriter:
         return median
 
 
+class StepStatements:
+    """The two statements a step commits, alone: the store's append of a step's first
+    batch (decision, call, start) and of its result, with rows made beforehand, on a
+    thread of their own. What a step costs before any engine work: the floor under
+    ``step_median_us`` that the design (DESIGN's store: the thread row moves with its
+    events, in one transaction) sets."""
+
+    def __init__(self, store: Store, thread_id: str, template: Sequence[ev.AnyEvent]) -> None:
+        self.store = store
+        self.thread_id = thread_id
+        self.template = list(template)  # a real step's four events, stamped
+        self.seq = 1  # the thread holds its message
+        self.times: list[float] = []
+
+    @classmethod
+    async def start(cls, store: Store, runner: Runner) -> StepStatements:
+        done = await store.select_events(await run_thread(store, runner))
+        step = [e for e in done if 2 <= e.seq <= 5]  # the first step's events
+        kinds = [e.type for e in step]
+        if kinds != ["model_decision", "tool_call_requested", "tool_started", "tool_result"]:
+            raise RuntimeError(f"a step's events were {kinds}")
+        return cls(store, await post_thread(store), step)
+
+    def _batch(self, events: Sequence[ev.AnyEvent]) -> tuple[list[dict[str, Any]], ThreadState]:
+        rows = []
+        for e in events:
+            self.seq += 1
+            row = mapper.to_row(e)
+            row.update(thread_id=self.thread_id, seq=self.seq, event_id=ev.new_event_id())
+            rows.append(row)
+        state = ThreadState(thread_id=self.thread_id, status="running", last_seq=self.seq)
+        return rows, state
+
+    async def run(self, n: int, *, keep: bool = True) -> None:
+        for _ in range(n):
+            batches = []
+            for events in (self.template[:3], self.template[3:]):
+                expected = self.seq  # before the batch's seqs
+                batches.append((expected, *self._batch(events)))
+            now = datetime.now(UTC)
+            start = time.perf_counter()
+            for expected, rows, state in batches:
+                # The statement alone, as the store's append runs it after its own work.
+                wrote = await self.store._append(
+                    self.thread_id, expected, rows, state, now, snapshot=None
+                )
+                if wrote != "written":
+                    raise RuntimeError(f"a step's statement found the thread {wrote}")
+            if keep:
+                self.times.append(time.perf_counter() - start)
+
+    def median(self) -> float:
+        median = statistics.median(self.times)
+        log(
+            f"a step's two append statements alone (4 events, rows made beforehand): "
+            f"{len(self.times)}, alternating with the raw commits, median {median * 1e6:.0f} us, "
+            f"p99 {quantile(self.times, 0.99) * 1e6:.0f} us"
+        )
+        return median
+
+
 async def create_raw_table(dsn: str, schema: str) -> None:
     conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
     try:
@@ -703,7 +772,9 @@ async def main(
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
         try:
             raw = RawWriter(conn)
-            step_median, step_p99 = await bench_single(url, raw, plan, profile_top)
+            step_median, step_p99, statements_median = await bench_single(
+                url, raw, plan, profile_top
+            )
             raw_median = raw.median()
             autocommit_median = raw.autocommit_median()
         finally:
@@ -733,6 +804,9 @@ async def main(
         "raw_commits_per_s_50": round(raw_rate, 1),
         "ratio_step_to_commit": round(step_ratio, 2),
         "ratio_step_to_autocommit": round(step_median / autocommit_median, 2),
+        # The floor under a step, in the same unit: its two statements with no engine work.
+        "step_statements_median_us": round(statements_median * 1e6, 1),
+        "ratio_statements_to_autocommit": round(statements_median / autocommit_median, 2),
         "ratio_tx_throughput_to_raw": round(tx_ratio, 3),
         "load_reduce_10_us": round(load_small * 1e6, 1),
         "load_reduce_10000_us": round(load_big * 1e6, 1),

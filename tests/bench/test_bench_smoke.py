@@ -32,6 +32,8 @@ async def test_engine_overhead_prints_one_json_line(pg_url):
         "ratio_step_to_commit",
         "ratio_step_to_autocommit",
         "autocommit_insert_median_us",
+        "step_statements_median_us",
+        "ratio_statements_to_autocommit",
         "ratio_tx_throughput_to_raw",
         "load_reduce_10000_us",
     ):
