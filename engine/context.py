@@ -556,15 +556,21 @@ class Projector:
 
     def prompt(self) -> Prompt:
         conv = self._conv
-        messages = [{"role": m["role"], "content": list(m["content"])} for m in conv.messages]
+        # Settled messages never change again: the prompt shares them (copying them all
+        # made each prompt cost as much as the thread was long); the last may still grow.
+        messages = conv.messages[:-1]
+        if conv.messages:
+            last = conv.messages[-1]
+            messages.append({"role": last["role"], "content": list(last["content"])})
         if conv.parked:  # a call still open: show what people said anyway
             if messages and messages[-1]["role"] == "user":
                 messages[-1]["content"].extend(conv.parked)
             else:
                 messages.append({"role": "user", "content": list(conv.parked)})
-        if len(messages) >= 3:
+        if len(messages) >= 3:  # a new dict: the settled one stays as it is
             earlier = messages[-2]
-            earlier["content"] = [*earlier["content"][:-1], _marked(earlier["content"][-1])]
+            content = [*earlier["content"][:-1], _marked(earlier["content"][-1])]
+            messages[-2] = {"role": earlier["role"], "content": content}
         settled = max(0, len(conv.messages) - 1)
         while len(self._settled) < settled:
             message = conv.messages[len(self._settled)]

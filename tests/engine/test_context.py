@@ -195,6 +195,22 @@ def test_projection_is_deterministic(log: list[ev.Event]) -> None:
 
 @PROPERTY
 @given(log=legal_logs(max_size=40))
+def test_a_prompt_taken_after_each_event_is_the_projection_of_that_prefix(
+    log: list[ev.Event],
+) -> None:
+    """The runner's projector gives a prompt after every step and shares the settled
+    messages with it: neither its cache breakpoint nor what people said while a call
+    was open may stay behind in the projector for the next prompt."""
+    projector = Projector(SPECS)
+    for n, event in enumerate(log, start=1):
+        prompt = projector.feed([event]).prompt()
+        whole = project(log[:n], SPECS)
+        assert prompt.body() == whole.body()
+        assert prompt.hash == whole.hash
+
+
+@PROPERTY
+@given(log=legal_logs(max_size=40))
 def test_a_different_log_gives_a_different_hash(log: list[ev.Event]) -> None:
     base = project(log, SPECS).hash
     if not any(isinstance(e, ev.ContextCompacted) for e in log):
