@@ -25,8 +25,9 @@ Measured in one process, one run:
 * the unit of issue 19 and of the peer comparisons: one autocommit INSERT of the same
   row into a plain table (no index, no explicit transaction), timed in the same bursts,
   alternating with the raw commits.
-* the floor under a step, in the same bursts: the store's two append statements of a
-  real step alone (``StepStatements``), rows made beforehand, no engine work.
+* the floor under a step, after the 1-thread runs: the store's two append statements of
+  a real step alone (``StepStatements``), rows made beforehand, no engine work, each
+  pair followed by an autocommit INSERT, its unit (the bursts above stay as they were).
 * ``store.load`` (snapshot + tail, reduced) of a 10-event and a 10,000-event thread.
 * with ``--instructions``, also the instructions per step under callgrind, and the top
   functions by inclusive instructions (``bench/_instructions.py``), on stderr.
@@ -269,9 +270,9 @@ def quantile(values: Sequence[float], q: float) -> float:
 async def bench_single(
     url: str, raw: RawWriter, plan: Plan, profile_top: int
 ) -> tuple[float, float, float]:
-    """Step median and p99 of one thread alone, and the median of a step's two
-    statements alone (``StepStatements``); between threads, a burst of raw commits and
-    of those statements (so every ratio's sides see the same load on the machine)."""
+    """Step median and p99 of one thread alone (between threads, a burst of raw commits,
+    so both sides of ``ratio_step_to_commit`` see the same load on the machine); then
+    a step's two statements alone, in autocommit INSERTs (``StepStatements``)."""
     store = await open_store(url, pool_size=CONCURRENCY)
     counter = TxCounter()
     counter.install(store)
@@ -283,13 +284,11 @@ async def bench_single(
             await run_thread(store, runner)
         statements = await StepStatements.start(store, runner)
         await raw.commit(100, keep=False)
-        await statements.run(20, keep=False)
         steps: list[float] = []
         counter.reset()
         profiler = cProfile.Profile() if profile_top else None
         for _ in range(plan.single_threads):
             await raw.commit(burst)
-            await statements.run(burst)
             model.stamps = []
             if profiler:
                 profiler.enable()
@@ -313,7 +312,9 @@ async def bench_single(
             stats.sort_stats("tottime").print_stats(profile_top)
             stats.sort_stats("cumulative").print_stats(profile_top)
             print(out.getvalue(), file=sys.stderr)
-        return statistics.median(steps), quantile(steps, 0.99), statements.median()
+        await statements.run(20, raw, keep=False)
+        await statements.run(plan.raw_sequential, raw)
+        return statistics.median(steps), quantile(steps, 0.99), statements.ratio()
     finally:
         await store.close()
 
@@ -578,6 +579,7 @@ class StepStatements:
         self.template = list(template)  # a real step's four events, stamped
         self.seq = 1  # the thread holds its message
         self.times: list[float] = []
+        self.unit_times: list[float] = []  # the autocommit INSERT after each pair
 
     @classmethod
     async def start(cls, store: Store, runner: Runner) -> StepStatements:
@@ -598,7 +600,8 @@ class StepStatements:
         state = ThreadState(thread_id=self.thread_id, status="running", last_seq=self.seq)
         return rows, state
 
-    async def run(self, n: int, *, keep: bool = True) -> None:
+    async def run(self, n: int, raw: RawWriter, *, keep: bool = True) -> None:
+        """``n`` pairs of statements, each followed by ``raw``'s autocommit INSERT."""
         for _ in range(n):
             batches = []
             for events in (self.template[:3], self.template[3:]):
@@ -613,17 +616,23 @@ class StepStatements:
                 )
                 if wrote != "written":
                     raise RuntimeError(f"a step's statement found the thread {wrote}")
+            middle = time.perf_counter()
+            raw.seq += 1
+            await autocommit_insert(raw.conn, raw.seq, raw.payload)
             if keep:
-                self.times.append(time.perf_counter() - start)
+                self.times.append(middle - start)
+                self.unit_times.append(time.perf_counter() - middle)
 
-    def median(self) -> float:
-        median = statistics.median(self.times)
+    def ratio(self) -> tuple[float, float]:
+        """The statements' median, and their median over the autocommit INSERTs'."""
+        median, unit = statistics.median(self.times), statistics.median(self.unit_times)
         log(
             f"a step's two append statements alone (4 events, rows made beforehand): "
-            f"{len(self.times)}, alternating with the raw commits, median {median * 1e6:.0f} us, "
-            f"p99 {quantile(self.times, 0.99) * 1e6:.0f} us"
+            f"{len(self.times)}, each followed by an autocommit INSERT, median "
+            f"{median * 1e6:.0f} us (p99 {quantile(self.times, 0.99) * 1e6:.0f} us), the "
+            f"INSERTs' {unit * 1e6:.0f} us: {median / unit:.2f} of them"
         )
-        return median
+        return median, median / unit
 
 
 async def create_raw_table(dsn: str, schema: str) -> None:
@@ -772,7 +781,7 @@ async def main(
         conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
         try:
             raw = RawWriter(conn)
-            step_median, step_p99, statements_median = await bench_single(
+            step_median, step_p99, (statements_median, statements_ratio) = await bench_single(
                 url, raw, plan, profile_top
             )
             raw_median = raw.median()
@@ -806,7 +815,7 @@ async def main(
         "ratio_step_to_autocommit": round(step_median / autocommit_median, 2),
         # The floor under a step, in the same unit: its two statements with no engine work.
         "step_statements_median_us": round(statements_median * 1e6, 1),
-        "ratio_statements_to_autocommit": round(statements_median / autocommit_median, 2),
+        "ratio_statements_to_autocommit": round(statements_ratio, 2),
         "ratio_tx_throughput_to_raw": round(tx_ratio, 3),
         "load_reduce_10_us": round(load_small * 1e6, 1),
         "load_reduce_10000_us": round(load_big * 1e6, 1),
