@@ -6,8 +6,9 @@ Validating the copy again was a fifth of a step's CPU (issue 19), so ``replaced`
 checks that every changed name is a field (a misspelt one still raises).
 
 ``OPSLOOP_STRICT_COPIES=1`` (the test suite sets it, for its child processes too)
-validates every copy as well, so a value of the wrong type fails in the tests that
-produce it rather than going unnoticed.
+validates every copy as well and requires the validated one to equal it: a value of the
+wrong type, or one that passes only once converted (a list for a tuple), fails in the
+tests that produce it rather than going unnoticed.
 
 Pure: no I/O here.
 """
@@ -35,11 +36,22 @@ def replaced(model: M, changes: Mapping[str, Any]) -> M:
         if name not in fields:
             raise ValueError(f"{cls.__name__} has no field {name!r}")
     values = {**model.__dict__, **changes}
-    if STRICT:
-        return cls.model_validate(values)
     copy = cls.__new__(cls)
     _set(copy, "__dict__", values)
     _set(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__)
     _set(copy, "__pydantic_extra__", model.__pydantic_extra__)
     _set(copy, "__pydantic_private__", model.__pydantic_private__)
+    if STRICT:
+        _check(copy)
     return copy
+
+
+def _check(copy: BaseModel) -> None:
+    """``copy`` as validation would build it, value for value and type for type."""
+    valid = type(copy).model_validate(copy.__dict__)
+    for name, value in copy.__dict__.items():
+        want = valid.__dict__[name]
+        if type(value) is not type(want) or value != want:
+            raise ValueError(
+                f"{type(copy).__name__}.{name} is {value!r}; validated, it is {want!r}"
+            )
