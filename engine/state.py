@@ -10,15 +10,15 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 
 from engine import events as ev
 from engine.errors import IllegalTransition
-from engine.frozen import replaced
+from engine.frozen import replaced as evolve  # a changed copy, not validated again
 from engine.reviewers import ReviewerRule
 
 Status = Literal[
@@ -58,15 +58,6 @@ AT_REST: frozenset[str] = frozenset({"new", "idle", "failed", "cancelled", "awai
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-M = TypeVar("M", bound=_Frozen)
-
-
-def evolve(model: M, changes: Mapping[str, Any]) -> M:
-    """``model`` with ``changes``: a misspelt field raises; the values come from validated
-    events and states, so they are not validated again (``engine.frozen``)."""
-    return replaced(model, changes)
 
 
 class WaitInfo(_Frozen):

@@ -652,12 +652,16 @@ class PostgresStore(Store):
         args = statement.args(values)
         return await self._run(lambda conn: conn.fetch(statement.text, *args))
 
-    async def _fetchrow(self, statement: Statement, **values: Any) -> Row | None:
-        args = statement.args(values)
+    async def _fetchrow(
+        self, statement: Statement, leading: Sequence[Any] = (), /, **values: Any
+    ) -> Row | None:
+        args = statement.args(values, leading)
         return await self._run(lambda conn: conn.fetchrow(statement.text, *args))
 
-    async def _fetchval(self, statement: Statement, **values: Any) -> Any:
-        args = statement.args(values)
+    async def _fetchval(
+        self, statement: Statement, leading: Sequence[Any] = (), /, **values: Any
+    ) -> Any:
+        args = statement.args(values, leading)
         return await self._run(lambda conn: conn.fetchval(statement.text, *args))
 
     async def _execute(self, statement: Statement, **values: Any) -> int:
@@ -777,16 +781,13 @@ class PostgresStore(Store):
         }
         try:
             if create is not None:
-                values.update(team=create.team, channel=create.channel, root_ts=create.root_ts)
-                statement = create_sql(events)
-                args = statement.args(values, leading)
-                created = await self._run(lambda conn: conn.fetchval(statement.text, *args))
+                where = {"team": create.team, "channel": create.channel, "root_ts": create.root_ts}
+                created = await self._fetchval(create_sql(events), leading, **values, **where)
                 return "written" if created == 1 else "moved"
             keys = [row["dedupe_key"] for row in rows if row["dedupe_key"]]
             values.update(expected_seq=expected_seq, origin=self.origin, wakes=wakes, keys=keys)
             statement = append_sql(bool(keys), snapshot is not None, events)
-            args = statement.args(values, leading)
-            found = await self._run(lambda conn: conn.fetchrow(statement.text, *args))
+            found = await self._fetchrow(statement, leading, **values)
         except asyncpg.UniqueViolationError:
             # A racing writer stored the same input (or the first events of a new
             # thread) after our statement began: the core looks again.

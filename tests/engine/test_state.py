@@ -804,6 +804,12 @@ def test_under_the_tests_strict_copies_a_wrong_value_is_refused() -> None:
     assert frozen.STRICT
     with pytest.raises(ValidationError, match="status"):
         evolve(ThreadState(thread_id="thr_1"), {"status": "idel"})
+    # One that validation would only convert (a list for a tuple) is refused as well:
+    # production would carry the list.
+    state = fold([user(), decided("c1", "lookup"), requested("c1", "lookup")])
+    assert state.pending is not None
+    with pytest.raises(ValueError, match="votes"):
+        evolve(state.pending, {"votes": ["U1"]})
 
 
 def test_a_reducer_branch_returning_a_misspelt_field_raises_instead_of_dropping_it(
